@@ -1,0 +1,33 @@
+"""Pure torch kernels of query-adaptive semantic chunking over padded (Q queries x L sentences) batches.
+
+No I/O, no model, no Ray: every function maps tensors to tensors on the device of its inputs.
+`kernels.reference` holds a slow, loop-based twin of each function for the tests.
+"""
+
+from kernels.merging import coverage, fill_gaps, label_segments, segment_scores, segment_spans, segment_sums
+from kernels.params import QascParams
+from kernels.pipeline import QascBatch, run_qasc
+from kernels.seeding import percentile_seeds, percentile_threshold
+from kernels.selection import select_chunks
+from kernels.snapping import cap_breaks, snap_to_blocks
+from kernels.windows import decay_window_scores, expand_windows, keep_windows
+
+__all__ = [
+    "QascBatch",
+    "QascParams",
+    "cap_breaks",
+    "coverage",
+    "decay_window_scores",
+    "expand_windows",
+    "fill_gaps",
+    "keep_windows",
+    "label_segments",
+    "percentile_seeds",
+    "percentile_threshold",
+    "run_qasc",
+    "segment_scores",
+    "segment_spans",
+    "segment_sums",
+    "select_chunks",
+    "snap_to_blocks",
+]

@@ -1,0 +1,72 @@
+"""QASC parameters: one frozen, validated dataclass shared by the kernels pipeline and the engine."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+SCORE_RULES = ("seed_sim", "window_max", "window_mean")
+SNAP_RULES = ("none", "paragraph", "section")
+
+
+@dataclass(frozen=True)
+class QascParams:
+    """Every knob of query-time chunking. Defaults: the frozen setting chosen by `qasc eval`."""
+
+    percentile: float = 95.0  # seeds: sims >= the p-th percentile tau of the row (0..100)
+    min_seeds: int = 1  # the most similar sentences that are always seeds
+    max_seeds: int | None = None  # at most this many seeds per query (None: no cap)
+    radius: int = 0  # window: m sentences each side (fixed), or the most it may grow (adaptive)
+    adaptive: bool = False  # grow while the neighbour's similarity stays >= the seed's threshold
+    threshold: float | None = None  # adaptive: absolute floor on a neighbour's similarity
+    margin: float | None = None  # adaptive: neighbour must be >= seed similarity - margin
+    clip_to_paragraph: bool = False  # windows never leave the seed's paragraph
+    decay: float = 0.3  # lambda of the decay weights exp(-lambda |i - r|)
+    factor: float | None = 0.6  # keep windows scoring >= factor * tau; None: no score filter
+    merge: bool = True  # merge overlapping / nearby windows into one chunk
+    gap: int = 0  # windows at most `gap` sentences apart merge (0 = touching)
+    snap: str = "none"  # grow chunks to whole paragraphs / sections when they fit the cap
+    max_tokens: int = 512  # hard cap on a chunk's length in model tokens
+    score: str = "seed_sim"  # chunk score: best kept seed similarity, or max/mean window score
+    top_k: int | None = 1  # chunks returned per query (None: no limit)
+    budget_tokens: int | None = None  # at most this many tokens returned per query
+    score_margin: float | None = None  # return only chunks scoring >= best - margin
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not 0.0 <= self.percentile <= 100.0:
+            problems.append(f"percentile must be in [0, 100], got {self.percentile}")
+        if self.min_seeds < 0:
+            problems.append(f"min_seeds must be >= 0, got {self.min_seeds}")
+        if self.max_seeds is not None and self.max_seeds < 1:
+            problems.append(f"max_seeds must be >= 1, got {self.max_seeds}")
+        if self.radius < 0:
+            problems.append(f"radius (m) must be >= 0, got {self.radius}")
+        if self.decay < 0:
+            problems.append(f"decay (lambda) must be >= 0, got {self.decay}")
+        if self.margin is not None and self.margin < 0:
+            problems.append(f"margin must be >= 0, got {self.margin}")
+        if self.gap < 0:
+            problems.append(f"gap must be >= 0, got {self.gap}")
+        if self.snap not in SNAP_RULES:
+            problems.append(f"snap must be one of {SNAP_RULES}, got {self.snap!r}")
+        if self.score not in SCORE_RULES:
+            problems.append(f"score must be one of {SCORE_RULES}, got {self.score!r}")
+        if self.max_tokens < 1:
+            problems.append(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.top_k is not None and self.top_k < 1:
+            problems.append(f"top_k must be >= 1, got {self.top_k}")
+        if self.budget_tokens is not None and self.budget_tokens < 1:
+            problems.append(f"budget_tokens must be >= 1, got {self.budget_tokens}")
+        if self.score_margin is not None and self.score_margin < 0:
+            problems.append(f"score_margin must be >= 0, got {self.score_margin}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def replace(self, **changes: object) -> QascParams:
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            raise ValueError(f"unknown QASC parameter(s): {sorted(unknown)}")
+        return QascParams(**{**asdict(self), **changes})
+
+    def to_dict(self) -> dict:
+        return asdict(self)

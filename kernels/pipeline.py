@@ -1,0 +1,145 @@
+"""The whole QASC pass for a padded batch of queries, composed from the kernels (or their slow twins)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from kernels import merging, seeding, selection, snapping, windows
+from kernels.params import QascParams
+from kernels.runs import combine_keys, region_keys
+
+
+@dataclass(frozen=True)
+class FastOps:
+    """The vectorized kernels, bundled so that `run_qasc` can swap in `kernels.reference`."""
+
+    percentile_seeds = staticmethod(seeding.percentile_seeds)
+    expand_windows = staticmethod(windows.expand_windows)
+    decay_window_scores = staticmethod(windows.decay_window_scores)
+    keep_windows = staticmethod(windows.keep_windows)
+    coverage = staticmethod(merging.coverage)
+    fill_gaps = staticmethod(merging.fill_gaps)
+    label_segments = staticmethod(merging.label_segments)
+    segment_spans = staticmethod(merging.segment_spans)
+    segment_sums = staticmethod(merging.segment_sums)
+    segment_scores = staticmethod(merging.segment_scores)
+    snap_to_blocks = staticmethod(snapping.snap_to_blocks)
+    cap_breaks = staticmethod(snapping.cap_breaks)
+    select_chunks = staticmethod(selection.select_chunks)
+
+
+@dataclass(frozen=True)
+class QascBatch:
+    """Ranked chunks for Q queries, K = most chunks any query has.
+
+    start/end (Q, K) int64: first/last row position (inclusive); score (Q, K) float; tokens (Q, K) int64;
+    chosen (Q, K) bool: the chunk is returned; piece (Q, K) int64: its label in `labels`;
+    labels (Q, L) int64: chunk label of each row position (-1: none); kept (Q, L) bool: kept seeds;
+    tau (Q,) float: the seeding threshold.
+    """
+
+    start: torch.Tensor
+    end: torch.Tensor
+    score: torch.Tensor
+    tokens: torch.Tensor
+    chosen: torch.Tensor
+    piece: torch.Tensor
+    labels: torch.Tensor
+    kept: torch.Tensor
+    tau: torch.Tensor
+
+
+def run_qasc(
+    sims: torch.Tensor,
+    valid: torch.Tensor,
+    region_ids: torch.Tensor,
+    paragraph_ids: torch.Tensor,
+    section_ids: torch.Tensor,
+    n_tokens: torch.Tensor,
+    params: QascParams,
+    ops: ModuleType | FastOps | None = None,
+) -> QascBatch:
+    """sims (Q, L) float, valid (Q, L) bool, region/paragraph/section ids and n_tokens (Q, L) int64 -> QascBatch.
+
+    A row is one query's candidate text: one or more regions (runs of equal region id: a document or a
+    neighbourhood inside one) laid end to end; nothing ever crosses a region boundary.
+    """
+    ops = ops or FastOps()
+    p = params
+    if p.budget_tokens is not None and p.budget_tokens < p.max_tokens:
+        p = p.replace(max_tokens=p.budget_tokens)  # a chunk never alone overflows the budget
+    region = region_keys(region_ids, valid)
+    tau, seeds = ops.percentile_seeds(sims, valid, p.percentile, p.min_seeds, p.max_seeds)
+    window_keys = combine_keys(region, paragraph_ids) if p.clip_to_paragraph else region
+    threshold = None
+    if p.adaptive:
+        threshold = torch.full_like(sims, float("-inf"))
+        if p.threshold is not None:
+            threshold = torch.full_like(sims, p.threshold)
+        if p.margin is not None:
+            threshold = torch.maximum(threshold, sims - p.margin)
+    starts, ends = ops.expand_windows(sims, valid, seeds, window_keys, p.radius, threshold)
+    win_scores = ops.decay_window_scores(sims, valid, seeds, starts, ends, p.decay)
+    kept = ops.keep_windows(win_scores, seeds, tau, p.factor)
+    seed_values = sims if p.score == "seed_sim" else win_scores
+    how = "mean" if p.score == "window_mean" else "max"
+
+    if p.merge:
+        covered = ops.coverage(kept, starts, ends)
+        covered = ops.fill_gaps(covered, region, valid, p.gap)
+        labels, count = ops.label_segments(covered, region, valid)
+        if p.snap != "none":
+            blocks = paragraph_ids if p.snap == "paragraph" else section_ids
+            n_seg = int(count.max()) if count.numel() else 0
+            covered = ops.snap_to_blocks(labels, n_seg, region, blocks, valid, n_tokens, p.max_tokens)
+            labels, count = ops.label_segments(covered, region, valid)
+        breaks = ops.cap_breaks(labels, n_tokens, p.max_tokens)
+        labels, count = ops.label_segments(labels >= 0, region, valid, breaks)
+    else:  # ablation: every kept window is its own chunk; windows over the cap shrink to the seed
+        labels, count = ops.label_segments(kept, region, valid, breaks=kept)
+        count = kept.sum(dim=1)
+    n_seg = int(count.max()) if count.numel() else 0
+    scores = ops.segment_scores(labels, seed_values, kept, n_seg, how)
+    if p.merge:
+        seg_start, seg_end = ops.segment_spans(labels, n_seg)
+        seg_tokens = ops.segment_sums(labels, torch.where(valid, n_tokens, 0), n_seg)
+    else:
+        seg_start, seg_end, seg_tokens = _window_spans(kept, starts, ends, n_tokens, valid, labels, n_seg, p)
+    order, chosen = ops.select_chunks(scores, seg_tokens, p.top_k, p.budget_tokens, p.score_margin)
+    k = int(chosen.sum(dim=1).max()) if chosen.numel() else 0
+    order, chosen = order[:, :k], chosen[:, :k]
+    return QascBatch(
+        start=seg_start.gather(1, order),
+        end=seg_end.gather(1, order),
+        score=scores.gather(1, order),
+        tokens=seg_tokens.gather(1, order),
+        chosen=chosen,
+        piece=order,
+        labels=labels,
+        kept=kept,
+        tau=tau,
+    )
+
+
+def _window_spans(kept, starts, ends, n_tokens, valid, labels, n_seg, p):
+    """No-merge ablation: spans (Q, S) of each kept window, in seed order; a window over the cap is cut to its seed."""
+    q, length = kept.shape
+    cum = torch.where(valid, n_tokens, 0).cumsum(dim=1)
+    before = torch.cat([torch.zeros_like(cum[:, :1]), cum], dim=1)
+    s = starts.clamp(min=0)
+    e = ends.clamp(min=0)
+    tokens = before.gather(1, e + 1) - before.gather(1, s)
+    idx = torch.arange(length, device=kept.device).expand(q, length)
+    over = tokens > p.max_tokens
+    s = torch.where(over, idx, s)
+    e = torch.where(over, idx, e)
+    tokens = before.gather(1, e + 1) - before.gather(1, s)
+    slot = torch.where(kept, labels, torch.full_like(labels, n_seg))
+    out = torch.full((q, n_seg + 1), -1, dtype=torch.long, device=kept.device)
+    span_s = out.scatter(1, slot, torch.where(kept, s, -1))[:, :n_seg]
+    span_e = out.scatter(1, slot, torch.where(kept, e, -1))[:, :n_seg]
+    span_t = torch.zeros_like(out).scatter(1, slot, torch.where(kept, tokens, 0))[:, :n_seg]
+    return span_s, span_e, span_t
