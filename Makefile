@@ -1,0 +1,37 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+# Each creates/reuses .venv, installs torch pinned first (a GPU machine keeps its CUDA torch), then the project.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_PIN ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+export RAY_USAGE_STATS_ENABLED ?= 0
+export RAY_AUTH_MODE ?= disabled
+export RAY_DATA_DISABLE_PROGRESS_BARS ?= 1
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: demo test install lint clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@if $(PY) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
+	  echo "keeping the installed CUDA torch"; \
+	else $(PY) -m pip install -q "$(TORCH_PIN)"; fi
+	$(PY) -m pip install -q -e ".[test,bench,eval,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m jobs.cli demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check engine kernels jobs tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,59 @@
+"""In-memory QASC for one document and many queries: `chunk(text, queries, config)`."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.assemble import assemble_chunks
+from engine.config import EngineConfig
+from engine.embedder import Embedder
+from engine.splitter import split_sentences
+from engine.types import Chunk, Sentences
+from kernels.pipeline import run_qasc
+
+
+def embedder_from(config: EngineConfig) -> Embedder:
+    c = config.embedder
+    return Embedder(c.model, c.device, c.dtype, c.max_length, c.batch_tokens)
+
+
+def prepare(text: str, embedder: Embedder, config: EngineConfig, doc_id: str = "doc") -> tuple[Sentences, torch.Tensor]:
+    """text -> (sentences with token counts, embeddings (N, dim) float32 tensor)."""
+    sents = split_sentences(text, doc_id, config.splitter)
+    texts = sents.texts()
+    sents = sents.with_tokens(embedder.count_tokens(texts))
+    return sents, torch.from_numpy(embedder.encode(texts))
+
+
+def chunk_sentences(
+    sents: Sentences, sent_emb: torch.Tensor, query_emb: torch.Tensor, config: EngineConfig
+) -> list[list[Chunk]]:
+    """sents (N sentences), sent_emb (N, dim), query_emb (Q, dim) -> per query, its ranked chunks."""
+    q, n = query_emb.shape[0], len(sents)
+    device = query_emb.device
+    sims = query_emb @ sent_emb.to(device).T if n else torch.zeros((q, 0), device=device)  # (Q, N)
+    valid = torch.ones((q, n), dtype=torch.bool, device=device)
+    positions = torch.arange(n, device=device).expand(q, n)
+    zeros = torch.zeros((q, n), dtype=torch.long, device=device)
+    para = torch.as_tensor(sents.paragraph, dtype=torch.long, device=device).expand(q, n)
+    sect = torch.as_tensor(sents.section, dtype=torch.long, device=device).expand(q, n)
+    ntok = torch.as_tensor(sents.n_tokens, dtype=torch.long, device=device).expand(q, n)
+    batch = run_qasc(sims, valid, zeros, para, sect, ntok, config.qasc)
+    return assemble_chunks(batch, [sents], zeros, positions)
+
+
+def chunk(
+    text: str,
+    queries: list[str],
+    config: EngineConfig | None = None,
+    embedder: Embedder | None = None,
+    doc_id: str = "doc",
+) -> list[list[Chunk]]:
+    """One document, many queries -> per query, its query-adapted chunks in rank order."""
+    config = config or EngineConfig()
+    if any(not isinstance(x, str) or not x.strip() for x in queries):
+        raise ValueError("every query must be a non-empty string")
+    embedder = embedder or embedder_from(config)
+    sents, sent_emb = prepare(text, embedder, config, doc_id)
+    query_emb = torch.from_numpy(embedder.encode(list(queries)))
+    return chunk_sentences(sents, sent_emb, query_emb, config)

