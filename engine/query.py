@@ -1,0 +1,172 @@
+"""The query engine: FAISS pre-retrieval, candidate regions around the hits, QASC over a padded batch.
+
+Candidate rule: each of the `depth` FAISS hits (sentences) brings the sentences within `neighbourhood`
+positions of it in its own document; overlapping or touching neighbourhoods of one document merge
+into one region. A query's row is its regions in store order; QASC never crosses a region boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.assemble import assemble_chunks
+from engine.config import EngineConfig, RetrievalConfig
+from engine.embedder import Embedder
+from engine.errors import QascError
+from engine.types import Chunk, Sentences
+from kernels.params import QascParams
+from kernels.pipeline import QascBatch, run_qasc
+
+MAX_QUERY_CHARS = 10_000
+
+
+@dataclass(frozen=True)
+class CandidateRows:
+    """rows (Q, L) int64 global sentence rows (N_total for padding), valid (Q, L) bool, region (Q, L) int64."""
+
+    rows: torch.Tensor
+    valid: torch.Tensor
+    region: torch.Tensor
+
+
+def candidate_rows(
+    hits: torch.Tensor, doc_first: torch.Tensor, doc_last: torch.Tensor, neighbourhood: int, n_total: int
+) -> CandidateRows:
+    """hits (Q, K) int64 global rows (-1 = none); doc_first/doc_last (N_total,) int64: first/last row of
+    each row's document -> the sorted, de-duplicated candidate rows of each query and their region ids."""
+    q = hits.shape[0]
+    offsets = torch.arange(-neighbourhood, neighbourhood + 1, device=hits.device)
+    safe = hits.clamp(min=0)
+    cand = safe[:, :, None] + offsets  # (Q, K, 2w+1)
+    ok = (hits[:, :, None] >= 0) & (cand >= doc_first[safe][:, :, None]) & (cand <= doc_last[safe][:, :, None])
+    flat = torch.where(ok, cand, torch.full_like(cand, n_total)).reshape(q, -1)
+    flat = flat.sort(dim=1).values
+    dup = torch.zeros_like(flat, dtype=torch.bool)
+    dup[:, 1:] = flat[:, 1:] == flat[:, :-1]
+    flat = torch.where(dup, torch.full_like(flat, n_total), flat).sort(dim=1).values
+    valid = flat < n_total
+    width = int(valid.sum(dim=1).max()) if valid.numel() else 0
+    flat, valid = flat[:, :width], valid[:, :width]
+    safe_rows = torch.where(valid, flat, torch.zeros_like(flat))
+    new_region = torch.ones_like(valid)
+    if width > 1:
+        contiguous = flat[:, 1:] == flat[:, :-1] + 1
+        same_doc = doc_first[safe_rows[:, 1:]] == doc_first[safe_rows[:, :-1]]
+        new_region[:, 1:] = ~(contiguous & same_doc)
+    region = new_region.long().cumsum(dim=1)
+    return CandidateRows(flat, valid, torch.where(valid, region, torch.full_like(region, -1)))
+
+
+class Engine:
+    """A store opened for querying, with one loaded embedding model: `Engine.open(store).query(questions)`."""
+
+    def __init__(self, store, embedder: Embedder, config: EngineConfig, device: torch.device) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.config = config
+        self.device = device
+        docs: Sequence[Sentences] = store.docs
+        offsets = np.asarray(store.doc_offsets, dtype=np.int64)
+        self.n_total = int(offsets[-1])
+        lengths = np.diff(offsets)
+        doc_of_row = np.repeat(np.arange(len(docs), dtype=np.int64), lengths)
+        cat = (lambda name: np.concatenate([getattr(d, name) for d in docs]).astype(np.int64)) if docs else (
+            lambda name: np.zeros(0, dtype=np.int64))
+        as_t = lambda a: torch.as_tensor(a, dtype=torch.long, device=device)  # noqa: E731
+        self.doc_of_row = as_t(doc_of_row)
+        self.sent_of_row = as_t(np.arange(self.n_total, dtype=np.int64) - offsets[doc_of_row])
+        self.doc_first = as_t(offsets[doc_of_row])
+        self.doc_last = as_t(offsets[doc_of_row + 1] - 1)
+        self.paragraph = as_t(cat("paragraph"))
+        self.section = as_t(cat("section"))
+        self.n_tokens = as_t(cat("n_tokens"))
+        self.embeddings = torch.as_tensor(np.asarray(store.embeddings, dtype=np.float32), device=device)
+
+    @classmethod
+    def open(cls, store_dir: str, config: EngineConfig | None = None, device: str = "auto") -> Engine:
+        """Open a store; the embedding model is the one recorded in its manifest (a mismatch is refused)."""
+        from engine.embedder import resolve_device
+        from engine.store import Store
+
+        store = Store.open(store_dir)
+        stored = EngineConfig.from_dict(store.manifest.get("config", {}))
+        config = config or stored
+        if config.embedder.model not in (None, stored.embedder.model):
+            raise QascError(
+                f"store {store_dir} was built with model {stored.embedder.model or 'default'!r}, "
+                f"not {config.embedder.model!r}"
+            )
+        dev = resolve_device(device if device != "auto" else config.embedder.device)
+        emb_cfg = stored.embedder
+        embedder = Embedder(emb_cfg.model, str(dev), config.embedder.dtype, emb_cfg.max_length, emb_cfg.batch_tokens)
+        if embedder.dim != int(store.manifest["dim"]) or embedder.fingerprint != store.manifest.get(
+            "fingerprint", embedder.fingerprint
+        ):
+            raise QascError(
+                f"store {store_dir} holds {store.manifest['dim']}-d vectors of model fingerprint "
+                f"{store.manifest.get('fingerprint')}; the loaded model gives {embedder.dim}-d, {embedder.fingerprint}"
+            )
+        return cls(store, embedder, config, dev)
+
+    def embed_queries(self, questions: Sequence[str]) -> torch.Tensor:
+        """questions (Q) -> (Q, dim) float32 on the engine's device; empty or overlong questions are refused."""
+        for i, text in enumerate(questions):
+            if not isinstance(text, str) or not text.strip():
+                raise QascError(f"query {i} is empty")
+            if len(text) > MAX_QUERY_CHARS:
+                raise QascError(f"query {i} has {len(text)} characters; the limit is {MAX_QUERY_CHARS}")
+        return torch.as_tensor(self.embedder.encode(list(questions)), device=self.device)
+
+    def search(self, query_emb: torch.Tensor, depth: int) -> torch.Tensor:
+        """query_emb (Q, dim) -> hits (Q, depth) int64 global rows (-1 where the store has fewer)."""
+        _, rows = self.store.search(query_emb.float().cpu().numpy(), depth)
+        return torch.as_tensor(rows, dtype=torch.long, device=self.device)
+
+    def run_batch(
+        self, query_emb: torch.Tensor, params: QascParams, retrieval: RetrievalConfig
+    ) -> tuple[QascBatch, CandidateRows]:
+        """query_emb (Q, dim) -> the QASC result over each query's candidate rows."""
+        hits = self.search(query_emb, min(retrieval.depth, max(self.n_total, 1)))
+        cand = candidate_rows(hits, self.doc_first, self.doc_last, retrieval.neighbourhood, self.n_total)
+        rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
+        gathered = self.embeddings[rows]  # (Q, L, dim)
+        sims = (gathered * query_emb[:, None, :].to(gathered.dtype)).sum(-1)  # (Q, L)
+        sims = torch.where(cand.valid, sims, torch.zeros_like(sims))
+        batch = run_qasc(
+            sims, cand.valid, cand.region, self.paragraph[rows], self.section[rows], self.n_tokens[rows], params
+        )
+        return batch, cand
+
+    def query_embedded(
+        self,
+        query_emb: torch.Tensor,
+        params: QascParams | None = None,
+        retrieval: RetrievalConfig | None = None,
+        slice_size: int = 2048,
+    ) -> list[list[Chunk]]:
+        """query_emb (Q, dim) -> per query, its chunks in rank order; streams in slices of `slice_size`."""
+        params = params or self.config.qasc
+        retrieval = retrieval or self.config.retrieval
+        out: list[list[Chunk]] = []
+        if self.n_total == 0:
+            return [[] for _ in range(query_emb.shape[0])]
+        for lo in range(0, query_emb.shape[0], slice_size):
+            batch, cand = self.run_batch(query_emb[lo : lo + slice_size], params, retrieval)
+            rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
+            out.extend(assemble_chunks(batch, self.store.docs, self.doc_of_row[rows], self.sent_of_row[rows]))
+        return out
+
+    def query(
+        self,
+        questions: Sequence[str],
+        params: QascParams | None = None,
+        retrieval: RetrievalConfig | None = None,
+    ) -> list[list[Chunk]]:
+        """questions (Q) -> per question, its query-adapted chunks in rank order."""
+        if not questions:
+            return []
+        return self.query_embedded(self.embed_queries(questions), params, retrieval)

@@ -1,0 +1,89 @@
+"""CLI flags for every QASC and retrieval parameter, mapped one to one onto the frozen dataclasses."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from engine.config import RetrievalConfig
+from engine.errors import QascError
+from kernels.params import SCORE_RULES, SNAP_RULES, QascParams
+
+QASC_HELP = {
+    "percentile": "seed threshold tau = this percentile (0..100) of the query's candidate similarities",
+    "min_seeds": "the N most similar sentences are always seeds",
+    "max_seeds": "at most N seeds per query",
+    "radius": "window: m sentences each side of a seed (fixed), or the most an adaptive window grows",
+    "adaptive": "grow windows only while the neighbour's similarity stays above the threshold/margin",
+    "threshold": "adaptive window: absolute floor on a neighbour's similarity",
+    "margin": "adaptive window: neighbour must score >= seed similarity - margin",
+    "clip_to_paragraph": "windows never leave the seed's paragraph",
+    "decay": "lambda of the window weights exp(-lambda*|i-r|)",
+    "factor": "keep windows scoring >= factor * tau ('none' disables the filter)",
+    "merge": "merge overlapping / nearby windows into one chunk",
+    "gap": "windows at most this many sentences apart merge (0 = touching)",
+    "snap": f"grow chunks to whole blocks when they fit the cap: {', '.join(SNAP_RULES)}",
+    "max_tokens": "hard cap on a chunk's length in model tokens",
+    "score": f"chunk score: {', '.join(SCORE_RULES)}",
+    "top_k": "chunks returned per query ('none': no limit)",
+    "budget_tokens": "at most this many tokens returned per query ('none': no budget)",
+    "score_margin": "return only chunks scoring >= best - margin ('none': off)",
+}
+UNSET = argparse.SUPPRESS  # flag not given: keep the store's value (None from a flag means 'none')
+RETRIEVAL_HELP = {
+    "depth": "FAISS pre-retrieval depth: sentence hits per query",
+    "neighbourhood": "candidate region = each hit +- this many sentences of its document",
+}
+
+
+def _optional(kind):
+    def parse(text: str):
+        if text.lower() in ("none", "off", "null"):
+            return None
+        return kind(text)
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _flag_type(name: str, default):
+    if isinstance(default, bool):
+        return None
+    if name in ("max_seeds", "top_k", "budget_tokens"):
+        return _optional(int)
+    if name in ("threshold", "margin", "factor", "score_margin"):
+        return _optional(float)
+    return type(default)
+
+
+def add_qasc_arguments(parser: argparse.ArgumentParser) -> None:
+    """Adds --percentile, --radius (alias -m), ... and --depth / --neighbourhood; defaults come from the store."""
+    group = parser.add_argument_group("QASC parameters (default: the store's frozen setting)")
+    for f in fields(QascParams):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default
+        if isinstance(default, bool):
+            group.add_argument(flag, dest=f.name, default=UNSET, action=argparse.BooleanOptionalAction,
+                               help=QASC_HELP[f.name])
+        else:
+            extra = {"choices": SNAP_RULES} if f.name == "snap" else {"choices": SCORE_RULES} if f.name == "score" else {}
+            names = [flag, "-m"] if f.name == "radius" else [flag]
+            group.add_argument(*names, dest=f.name, default=UNSET, type=_flag_type(f.name, default),
+                               help=f"{QASC_HELP[f.name]} (default {default})", **extra)
+    group = parser.add_argument_group("pre-retrieval")
+    for f in fields(RetrievalConfig):
+        group.add_argument("--" + f.name, dest=f.name, type=int, default=UNSET,
+                           help=f"{RETRIEVAL_HELP[f.name]} (default {f.default})")
+
+
+def params_from_args(args: argparse.Namespace, base: QascParams, base_retrieval: RetrievalConfig):
+    """args -> (QascParams, RetrievalConfig): flags given on the command line override the base."""
+    try:
+        changes = {f.name: getattr(args, f.name) for f in fields(QascParams) if getattr(args, f.name, UNSET) is not UNSET}
+        params = base.replace(**changes)
+        r_changes = {f.name: getattr(args, f.name) for f in fields(RetrievalConfig)
+                     if getattr(args, f.name, UNSET) is not UNSET}
+        retrieval = RetrievalConfig(**{**base_retrieval.__dict__, **r_changes})
+    except (ValueError, TypeError) as exc:
+        raise QascError(str(exc)) from exc
+    return params, retrieval
