@@ -1,0 +1,58 @@
+"""Shared fixtures: the model once per session, Ray once per session, small stores built once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_CORPUS = REPO / "engine" / "data" / "demo"
+CHROMA = Path(os.environ.get("QASC_CHROMA_DIR", REPO.parent / "shared" / "data" / "chroma_general"))
+
+
+@pytest.fixture(scope="session")
+def embedder():
+    from engine.embedder import Embedder
+
+    return Embedder(device="cpu")
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray instance (num_cpus=2), started once for the whole test session."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def demo_store(tmp_path_factory) -> Path:
+    """The built-in demo corpus ingested locally (no Ray)."""
+    from engine.store import ingest
+
+    path = tmp_path_factory.mktemp("demo") / "store"
+    ingest([str(DEMO_CORPUS)], str(path), local=True, progress=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def chroma_store(tmp_path_factory) -> Path:
+    """chroma_general ingested locally (about a minute on 2 cores); skipped without ../shared."""
+    if not (CHROMA / "corpora").is_dir():
+        pytest.skip(f"chroma_general not found at {CHROMA}")
+    from engine.store import ingest
+
+    path = tmp_path_factory.mktemp("chroma") / "store"
+    ingest([str(CHROMA / "corpora")], str(path), local=True, progress=False)
+    return path
