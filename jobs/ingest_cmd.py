@@ -1,0 +1,101 @@
+"""`qasc ingest PATH... --store DIR`: split, embed and index documents into a store (new, resumed or appended)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+
+from engine.errors import QascError
+from engine.index import KINDS
+from engine.store import DEFAULT_SHARD_CHARS, ENCODING_ERRORS, STORE_DTYPES
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="text/markdown files, folders of them (doc_id = path relative to the folder, without "
+                        "extension), or .jsonl/.parquet files with id and text columns (other columns become "
+                        "metadata)")
+    p.add_argument("--store", required=True, metavar="DIR",
+                   help="store folder: created if new, resumed after a crash, appended to if it exists")
+    m = p.add_argument_group("model (unset: the store's setting, else the default)")
+    m.add_argument("--model", metavar="NAME_OR_PATH",
+                   help="embedding model: a local folder or a Hugging Face name (default: all-MiniLM-L6-v2, bundled)")
+    m.add_argument("--device", metavar="DEV", help="auto | cpu | cuda | cuda:N (default auto)")
+    m.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"],
+                   help="compute dtype of the model (default auto: bf16/fp16 on GPU, fp32 on CPU)")
+    m.add_argument("--batch-tokens", type=_positive, metavar="N",
+                   help="padded tokens per embedding batch (default 1024 on CPU, 262144 on GPU)")
+    m.add_argument("--max-length", type=_positive, metavar="N", help="model input length in tokens (default 256)")
+    s = p.add_argument_group("sentences (unset: the store's setting, else the default)")
+    s.add_argument("--max-sentence-tokens", type=_positive, metavar="N",
+                   help="sentences longer than N model tokens are cut at token offsets (default 128)")
+    s.add_argument("--max-chars", type=_positive, metavar="N",
+                   help="sentences longer than N characters are cut at whitespace first (default 2000)")
+    s.add_argument("--line-breaks", choices=["ignore", "paragraph", "always"],
+                   help="does a single newline end a sentence (default paragraph)")
+    o = p.add_argument_group("store")
+    o.add_argument("--dtype-store", choices=STORE_DTYPES,
+                   help="embedding storage type (default float32; float16 halves the store)")
+    o.add_argument("--index", choices=KINDS, default="auto",
+                   help="FAISS index: flat (exact), ivf, hnsw, or auto = flat up to 200k sentences, ivf above")
+    o.add_argument("--shard-chars", type=_positive, default=DEFAULT_SHARD_CHARS, metavar="N",
+                   help=f"input characters per shard, the unit of work and of resume (default {DEFAULT_SHARD_CHARS})")
+    i = p.add_argument_group("input")
+    i.add_argument("--encoding", default="utf-8", help="text encoding of the input files (default utf-8)")
+    i.add_argument("--errors", choices=ENCODING_ERRORS, default="strict",
+                   help="what to do with undecodable bytes (default strict: refuse the file)")
+    i.add_argument("--id-field", default="id", metavar="NAME", help="id column of .jsonl/.parquet inputs")
+    i.add_argument("--text-field", default="text", metavar="NAME", help="text column of .jsonl/.parquet inputs")
+    r = p.add_argument_group("execution")
+    r.add_argument("--local", action="store_true",
+                   help="run in this process without Ray (default: the Ray Data pipeline)")
+    r.add_argument("--ray-address", metavar="ADDR",
+                   help="Ray cluster to use: 'auto', HOST:PORT or ray://HOST:PORT (default: $RAY_ADDRESS, else a "
+                        "new local instance)")
+    r.add_argument("--workers", type=_positive, default=1, metavar="N",
+                   help="embedding actors on Ray, one GPU each when the cluster has GPUs (default 1)")
+    r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar (default: a bar on a terminal, plain log lines otherwise)")
+
+
+def build_config(args: argparse.Namespace):
+    """Flags -> EngineConfig: the store's config (or the defaults) with every given flag applied."""
+    from engine.config import EmbedderConfig, EngineConfig
+    from engine.splitter import SplitterConfig
+    from engine.store import existing_manifest
+
+    old = existing_manifest(args.store)
+    base = EngineConfig.from_dict(old["config"]) if old else EngineConfig()
+    emb = {**asdict(base.embedder), **{k: v for k, v in (
+        ("model", args.model), ("device", args.device), ("dtype", args.dtype), ("batch_tokens", args.batch_tokens),
+        ("max_length", args.max_length)) if v is not None}}
+    spl = {**asdict(base.splitter), **{k: v for k, v in (
+        ("max_chars", args.max_chars), ("line_breaks", args.line_breaks)) if v is not None}}
+    try:
+        return EngineConfig(embedder=EmbedderConfig(**emb), splitter=SplitterConfig(**spl), qasc=base.qasc,
+                            retrieval=base.retrieval)
+    except ValueError as exc:
+        raise QascError(str(exc)) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.store import ingest, summary_line
+
+    summary = ingest(
+        args.paths, args.store, build_config(args), local=args.local, ray_address=args.ray_address,
+        workers=args.workers, index_kind=args.index, progress=args.progress, dtype_store=args.dtype_store,
+        max_sentence_tokens=args.max_sentence_tokens, shard_chars=args.shard_chars, encoding=args.encoding,
+        errors=args.errors, id_field=args.id_field, text_field=args.text_field,
+    )
+    print(summary_line(summary), flush=True)
+    return 0

@@ -1,0 +1,166 @@
+"""Ray Data pipeline of `qasc ingest`: read -> split (CPU tasks) -> embed (actor pool) -> write (driver).
+
+One row per shard flows through the pipeline (the shard is the unit of work and of resume). The stages
+call the same engine functions as the local path (engine/store.py): read_shard, split_shard, embed_shard;
+the driver writes each finished shard atomically as it arrives, so the store lives on the driver's disk
+and a multi-node cluster only needs the inputs on a path every node can read. Embedding actors take
+num_gpus=1 each when the cluster has GPUs, else one CPU each (torch using the CPUs left per actor); a
+killed actor is restarted and its shard retried (max_restarts / max_task_retries).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from engine.errors import QascError
+from engine.store import IngestContext, ResumableError, ShardTask
+
+MAX_RESTARTS = 3  # an embedding actor killed mid-job is restarted this many times
+MAX_TASK_RETRIES = 3  # and its shard retried on the new actor
+
+
+def read_split(row: dict, ctx: IngestContext) -> dict:
+    """Ray task (CPU): {shard, task} -> {shard, payload=(docs, sentences)}."""
+    from engine.store import load_tokenizer, read_shard, split_shard
+
+    task: ShardTask = pickle.loads(row["task"])
+    docs = read_shard(task.docs, ctx.read)
+    sents = split_shard(docs, ctx, load_tokenizer(ctx.config.embedder.model))
+    return {"shard": row["shard"], "payload": pickle.dumps((docs, sents), protocol=5)}
+
+
+class EmbedActor:
+    """Ray actor: loads the embedder once, then embeds one shard per call (the same call as the local path)."""
+
+    def __init__(self, ctx: IngestContext, threads: int, fault_marker: str | None = None) -> None:
+        import torch
+
+        from engine.chunker import embedder_from
+
+        if not torch.cuda.is_available():
+            torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
+        self.embedder = embedder_from(ctx.config)
+        self.fault_marker = fault_marker
+
+    def __call__(self, batch: dict) -> dict:
+        from engine.store import embed_shard
+
+        out = []
+        for shard, payload in zip(batch["shard"].tolist(), batch["payload"], strict=True):
+            if self.fault_marker and not os.path.exists(self.fault_marker):  # test hook: die once, mid-job
+                with open(self.fault_marker, "w") as fh:
+                    fh.write(str(os.getpid()))
+                os.kill(os.getpid(), signal.SIGKILL)
+            docs, sents = pickle.loads(payload)
+            emb = embed_shard(sents, self.embedder, int(shard))
+            out.append(pickle.dumps((docs, sents, emb), protocol=5))
+        return {"shard": batch["shard"], "payload": np.array(out, dtype=object)}
+
+
+def _qasc_cause(exc: BaseException) -> QascError | None:
+    """The QascError raised inside a Ray task, if that is what failed (Ray wraps it, sometimes twice)."""
+    seen = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        cause = getattr(e, "cause", None)
+        if type(e) is QascError or (isinstance(e, QascError) and not hasattr(e, "cause")):
+            return e
+        stack.extend([cause, e.__cause__, e.__context__])
+    return None
+
+
+def connect(ray_address: str | None) -> bool:
+    """Connects to ray_address (or RAY_ADDRESS), else starts a local instance; -> True if this call did it."""
+    for key, value in (("RAY_USAGE_STATS_ENABLED", "0"), ("RAY_AUTH_MODE", "disabled"),
+                       ("RAY_DATA_DISABLE_PROGRESS_BARS", "1")):
+        os.environ.setdefault(key, value)
+    import ray
+
+    if ray.is_initialized():
+        return False
+    address = ray_address or os.environ.get("RAY_ADDRESS")
+    try:
+        if address:
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        else:
+            repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+            path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.WARNING,
+                     log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    except Exception as exc:  # ConnectionError, RuntimeError, ValueError depending on the address
+        text = str(exc).strip().splitlines()
+        raise QascError(f"cannot {'connect to Ray at ' + address if address else 'start a local Ray instance'}: "
+                        f"{text[0] if text else type(exc).__name__}") from None
+    return True
+
+
+def run_ray(
+    tasks: Sequence[ShardTask],
+    ctx: IngestContext,
+    *,
+    workers: int,
+    ray_address: str | None,
+    on_shard: Callable,
+    on_split: Callable[[int, int], None] | None = None,
+    fault_marker: str | None = None,
+) -> None:
+    """Runs read -> split -> embed over `tasks` on Ray; calls on_shard(task, docs, sents, emb) on the driver."""
+    started = connect(ray_address)
+    import ray
+
+    try:
+        from ray.data import ActorPoolStrategy, DataContext
+
+        data_ctx = DataContext.get_current()
+        data_ctx.enable_progress_bars = False
+        data_ctx.print_on_execution_start = False
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        resources = ray.cluster_resources()
+        gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
+        if gpus and workers > gpus:
+            raise QascError(f"--workers {workers} but the Ray cluster has {gpus} GPU(s)")
+        if not gpus and workers >= max(cpus, 1) and cpus > 1:
+            raise QascError(f"--workers {workers} leaves no CPU for splitting on a cluster of {cpus} CPUs; "
+                            f"use at most {cpus - 1}")
+        by_id = {t.shard_id: t for t in tasks}
+        rows = [{"shard": t.shard_id, "task": pickle.dumps(t, protocol=5)} for t in tasks]
+        ds = ray.data.from_items(rows, override_num_blocks=len(rows))
+        ds = ds.map(read_split, fn_kwargs={"ctx": ctx}, num_cpus=1)
+        ds = ds.map_batches(
+            EmbedActor,
+            fn_constructor_kwargs={"ctx": ctx, "threads": max(1, cpus // workers), "fault_marker": fault_marker},
+            batch_size=1,
+            compute=ActorPoolStrategy(size=workers),
+            num_gpus=1 if gpus else 0,
+            num_cpus=1,
+            max_restarts=MAX_RESTARTS,
+            max_task_retries=MAX_TASK_RETRIES,
+        )
+        for row in ds.iter_rows():
+            task = by_id[int(row["shard"])]
+            docs, sents, emb = pickle.loads(row["payload"])
+            if on_split is not None:
+                on_split(task.chars, len(emb))
+            on_shard(task, docs, sents, emb)
+    except QascError:
+        raise
+    except Exception as exc:
+        cause = _qasc_cause(exc)
+        if cause is not None:
+            raise QascError(str(cause.args[0]) if cause.args else str(cause)) from None
+        text = str(exc).strip().splitlines()
+        raise ResumableError(f"the Ray pipeline failed ({type(exc).__name__}: {text[0] if text else ''}); "
+                             f"finished shards are kept, run the same ingest again to resume") from None
+    finally:
+        if started:
+            ray.shutdown()

@@ -1,0 +1,28 @@
+"""`qasc verify --store DIR`: checksums, row counts, index vs sentences, model/dim, offsets; exit 0 only if all hold."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", required=True, metavar="DIR", help="store folder to check")
+    p.add_argument("--sample", type=int, default=2000, metavar="N",
+                   help="index rows compared against the stored embeddings (default 2000)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.errors import QascError
+    from engine.store import verify_store
+
+    if args.sample < 1:
+        raise QascError(f"--sample must be >= 1, got {args.sample}")
+    results = verify_store(args.store, sample=args.sample)
+    for name, ok, detail in results:
+        print(f"{'ok  ' if ok else 'FAIL'} {name:<11} {detail}")
+    failed = [name for name, ok, _ in results if not ok]
+    if failed:
+        print(f"store {args.store}: FAILED ({', '.join(failed)})")
+        return 1
+    print(f"store {args.store}: OK")
+    return 0
