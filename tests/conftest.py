@@ -56,3 +56,22 @@ def chroma_store(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("chroma") / "store"
     ingest([str(CHROMA / "corpora")], str(path), local=True, progress=False)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> str:
+    """A random 1-layer, 32-wide BERT with the real MiniLM tokenizer: the same sentences and token counts as
+    the default model, embedded in a fraction of the time (ingest, resume and bad-input tests)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from engine.embedder import resolve_model_path
+
+    path = tmp_path_factory.mktemp("tiny_model")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(None))
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=512)
+    BertModel(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
