@@ -1,0 +1,157 @@
+"""The batched QASC kernels (kernels.pipeline.run_qasc) vs their loop twins (ops=kernels.reference).
+
+Random ragged batches: sims (Q, L) smooth noise, each row valid on a random prefix of L/2..L, several regions
+per row (runs of 8..L/4 positions), paragraphs of ~3 sentences, sections of ~15, n_tokens 5..40.
+The reference is slow: it is timed on the first `--ref-rows` rows and scaled linearly per query (the table says
+so, column "ref rows"); it works row by row, so its time is linear in Q by construction.
+
+    python -m bench.kernels
+    python -m bench.kernels --quick
+    python -m bench.kernels --device cuda --qs 1000,10000,100000 --ls 256,4096 --no-ref
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from bench.common import emit_json, machine_info, median, peak_rss_growth, print_table, time_repeats
+from kernels.params import QascParams
+
+SETTINGS = {
+    "default": QascParams(),
+    "r3-adaptive": QascParams(percentile=90.0, radius=3, adaptive=True, margin=0.1, top_k=3),
+    "r2-snap-para": QascParams(percentile=80.0, radius=2, snap="paragraph", max_tokens=200, top_k=None),
+    "budget-mean": QascParams(percentile=85.0, radius=1, gap=1, clip_to_paragraph=True, budget_tokens=512,
+                              score="window_mean", top_k=None),
+}
+
+
+def synthetic_batch(q: int, length: int, seed: int = 0, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    """A random ragged batch (Q, L): sims float32, valid bool, region/paragraph/section ids and n_tokens int64."""
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn(q, length + 8, generator=g)
+    kernel = torch.ones(1, 1, 9) / 9.0  # moving average: neighbouring sentences are alike
+    smooth = torch.nn.functional.conv1d(noise[:, None, :], kernel).squeeze(1)[:, :length]
+    sims = (0.25 + 0.5 * smooth + 0.05 * torch.randn(q, length, generator=g)).clamp(-1, 1)
+    n_valid = torch.randint(max(length // 2, 1), length + 1, (q, 1), generator=g) if length else torch.zeros(q, 1)
+    idx = torch.arange(length).expand(q, length)
+    valid = idx < n_valid
+    mean_region = max(8, length // 8)
+    new_region = torch.rand(q, length, generator=g) < 1.0 / mean_region
+    new_paragraph = new_region | (torch.rand(q, length, generator=g) < 1 / 3)
+    new_section = new_region | (torch.rand(q, length, generator=g) < 1 / 15)
+    ids = {name: torch.where(valid, flags.long().cumsum(1), torch.full((q, length), -1, dtype=torch.long))
+           for name, flags in (("region", new_region), ("paragraph", new_paragraph), ("section", new_section))}
+    tokens = torch.randint(5, 41, (q, length), generator=g)
+    out = {"sims": torch.where(valid, sims, torch.zeros_like(sims)), "valid": valid, **ids, "n_tokens": tokens}
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def run(batch: dict[str, torch.Tensor], params: QascParams, ops=None, rows: int | None = None):
+    from kernels.pipeline import run_qasc
+
+    b = batch if rows is None else {k: v[:rows] for k, v in batch.items()}
+    return run_qasc(b["sims"], b["valid"], b["region"], b["paragraph"], b["section"], b["n_tokens"], params, ops=ops)
+
+
+def estimate_peak(batch, params, device) -> int:
+    """Bytes the fast path needs for one row (CUDA: max_memory_allocated; CPU: RSS high-water growth)."""
+    one = {k: v[:1] for k, v in batch.items()}
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        run(one, params)
+        torch.cuda.synchronize(device)
+        return int(torch.cuda.max_memory_allocated(device) - base)
+    return peak_rss_growth(lambda: run(one, params))
+
+
+def check_equal(batch, params, rows: int) -> bool:
+    """The fast and the reference pipeline pick the same chunks on the first `rows` rows."""
+    from kernels import reference
+
+    fast, slow = run(batch, params, rows=rows), run(batch, params, ops=reference, rows=rows)
+    return bool(torch.equal(fast.start.cpu(), slow.start) and torch.equal(fast.end.cpu(), slow.end)
+                and torch.equal(fast.chosen.cpu(), slow.chosen))
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--qs", default="1,100,1000", help="numbers of queries Q (comma list)")
+    p.add_argument("--ls", default="256,4096", help="row widths L (comma list)")
+    p.add_argument("--settings", default=",".join(SETTINGS), help=f"QascParams settings: {', '.join(SETTINGS)}")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | auto (the reference always runs on CPU)")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats of the fast path (median)")
+    p.add_argument("--ref-rows", type=int, default=8, help="rows the reference is timed on (then scaled per query)")
+    p.add_argument("--ref-repeats", type=int, default=1, help="timed repeats of the reference (median)")
+    p.add_argument("--no-ref", action="store_true", help="fast path only (large Q/L on a GPU)")
+    p.add_argument("--mem-budget-gb", type=float, default=6.0,
+                   help="skip a (Q, L, setting) whose peak memory, probed on one row and scaled by Q, exceeds this")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="tiny run: Q in {1, 16}, L = 64, 2 settings, 1 repeat")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.qs, args.ls, args.repeats, args.ref_rows = "1,16", "64", 1, 2
+        args.settings = "default,r3-adaptive"
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    from engine.embedder import resolve_device
+    from kernels import reference
+
+    device = resolve_device(args.device)
+    rows = []
+    for length in _ints(args.ls):
+        for q in _ints(args.qs):
+            batch = synthetic_batch(q, length, args.seed)
+            on_dev = {k: v.to(device) for k, v in batch.items()}
+            for name in args.settings.split(","):
+                params = SETTINGS[name]
+                est = estimate_peak(on_dev, params, device) * q
+                if est > args.mem_budget_gb * 2**30:
+                    row = {"Q": q, "L": length, "setting": name, "fast ms": float("nan"),
+                           "note": f"skipped: ~{est / 2**30:.0f} GiB est. peak"}
+                    rows.append(row)
+                    print(row, flush=True)
+                    continue
+                fast = median(time_repeats(lambda p=params, b=on_dev: run(b, p), args.repeats, warmup=1, device=device))
+                row = {"Q": q, "L": length, "setting": name, "fast ms": 1e3 * fast, "fast us/query": 1e6 * fast / q,
+                       "queries/s": q / fast}
+                if not args.no_ref:
+                    n_ref = min(q, args.ref_rows)
+                    slow = median(time_repeats(lambda p=params, n=n_ref, b=batch: run(b, p, ops=reference, rows=n),
+                                               args.ref_repeats, warmup=0))
+                    ref_full = slow * q / n_ref
+                    row.update({"ref rows": f"{n_ref}/{q}", "ref ms (scaled)": 1e3 * ref_full,
+                                "speed-up": ref_full / fast, "equal": check_equal(on_dev, params, min(n_ref, 4))})
+                rows.append(row)
+                print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                      flush=True)
+    info = machine_info(device)
+    print(f"\ndevice {device}, fast path median of {args.repeats}; reference timed on 'ref rows' rows and scaled "
+          f"linearly to Q; load avg {info['load_avg']}")
+    cols = ["Q", "L", "setting", "fast ms", "fast us/query", "queries/s"]
+    if not args.no_ref:
+        cols += ["ref rows", "ref ms (scaled)", "speed-up", "equal"]
+    if any("note" in r for r in rows):
+        cols.append("note")
+    print_table(rows, cols)
+    at_1000 = [r["speed-up"] for r in rows if r["Q"] == 1000 and "speed-up" in r]
+    skipped = [f"Q={r['Q']} L={r['L']} {r['setting']}" for r in rows if "note" in r]
+    record = {"bench": "kernels", "device": str(device), "repeats": args.repeats, "ref_rows": args.ref_rows,
+              "min_speedup_q1000": min(at_1000) if at_1000 else None, "skipped": skipped, "machine": info, "rows": rows}
+    emit_json(record)
+    return record
+
+
+if __name__ == "__main__":
+    main()
