@@ -47,7 +47,7 @@ def ivf_lists(n_rows: int) -> int:
 def default_params(kind: str, n_rows: int) -> dict:
     if kind == "ivf":
         nlist = ivf_lists(n_rows)
-        return {"nlist": nlist, "nprobe": max(1, min(nlist, max(8, nlist // 8)))}
+        return {"nlist": nlist, "nprobe": min(nlist, max(16, nlist // 16))}
     if kind == "hnsw":
         return {"M": HNSW_M, "efConstruction": HNSW_EF_CONSTRUCTION, "efSearch": HNSW_EF_SEARCH}
     return {}

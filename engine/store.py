@@ -537,45 +537,59 @@ def _cut_at_tokens(text: str, start: int, end: int, offsets: Sequence[tuple[int,
     return pieces
 
 
+def _offsets(tokenizer, texts: list[str]) -> list[list[tuple[int, int]]]:
+    """texts -> per text, the (start, end) character offsets of its content tokens (no specials)."""
+    if not texts:
+        return []
+    enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False)
+    return enc["offset_mapping"]
+
+
 def cap_tokens(sents: Sentences, tokenizer, max_tokens: int) -> Sentences:
     """Sentences -> Sentences with n_tokens filled, none above max_tokens: long ones are cut at token offsets.
 
+    One tokenizer pass over every sentence (with offsets), then one over the pieces of the long ones: a
+    piece's count is its own tokenization, exactly what Embedder.count_tokens gives. A piece that tokenizes
+    longer on its own than inside its sentence (a cut inside a word) is cut again with a tighter limit.
     Pieces keep their sentence's paragraph and section; text[char_start:char_end] stays exact.
     """
     text = sents.text
-    spans = list(zip(sents.char_start.tolist(), sents.char_end.tolist(), sents.paragraph.tolist(),
-                     sents.section.tolist(), strict=True))
-    limits = [max_tokens] * len(spans)
-    counts = count_tokens(tokenizer, [text[s:e] for s, e, _, _ in spans])
-    for _ in range(32):
-        over = np.flatnonzero(counts > max_tokens).tolist()
+    segs = list(zip(sents.char_start.tolist(), sents.char_end.tolist(), sents.paragraph.tolist(),
+                    sents.section.tolist(), strict=True))
+    offs = _offsets(tokenizer, [text[s:e] for s, e, _, _ in segs])
+    counts = [len(o) for o in offs]
+    limits = [max_tokens] * len(segs)
+    for _ in range(64):
+        over = [i for i, n in enumerate(counts) if n > max_tokens]
         if not over:
             break
-        enc = tokenizer([text[spans[i][0]:spans[i][1]] for i in over], add_special_tokens=False,
-                        return_offsets_mapping=True, return_attention_mask=False)
-        replaced: dict[int, list[tuple[int, int, int, int, int]]] = {}
-        for i, offsets in zip(over, enc["offset_mapping"], strict=True):
-            s, e, para, sect = spans[i]
-            # a piece cut inside a word can tokenize longer on its own: tighten its limit on the next round
-            limit = max(1, min(limits[i], max_tokens - max(0, int(counts[i]) - len(offsets))))
-            if len(offsets) <= limit:
-                limit = max(1, limit - 1)
-            replaced[i] = [(a, b, para, sect, limit) for a, b in _cut_at_tokens(text, s, e, offsets, limit)]
-        new_spans, new_limits = [], []
-        for i, span in enumerate(spans):
-            if i in replaced:
-                new_spans.extend(r[:4] for r in replaced[i])
-                new_limits.extend(r[4] for r in replaced[i])
-            else:
-                new_spans.append(span)
+        pieces: dict[int, list[tuple[int, int, int, int]]] = {}
+        for i in over:
+            s, e, para, sect = segs[i]
+            pieces[i] = [(a, b, para, sect) for a, b in _cut_at_tokens(text, s, e, offs[i], limits[i])]
+        flat = [p for i in over for p in pieces[i]]
+        enc = iter(_offsets(tokenizer, [text[a:b] for a, b, _, _ in flat]))
+        new_segs, new_offs, new_counts, new_limits = [], [], [], []
+        for i, seg in enumerate(segs):
+            if i not in pieces:
+                new_segs.append(seg)
+                new_offs.append(offs[i])
+                new_counts.append(counts[i])
                 new_limits.append(limits[i])
-        spans, limits = new_spans, new_limits
-        counts = count_tokens(tokenizer, [text[s:e] for s, e, _, _ in spans])
+                continue
+            for piece in pieces[i]:
+                o = next(enc)
+                new_segs.append(piece)
+                new_offs.append(o if len(o) > max_tokens else ())
+                new_counts.append(len(o))
+                new_limits.append(max(1, limits[i] - max(1, len(o) - max_tokens)) if len(o) > max_tokens
+                                  else max_tokens)
+        segs, offs, counts, limits = new_segs, new_offs, new_counts, new_limits
     else:
         raise QascError(f"{sents.doc_id}: could not cut a sentence below {max_tokens} tokens")
-    cols = np.asarray(spans, dtype=np.int64).reshape(-1, 4)
+    cols = np.asarray(segs, dtype=np.int64).reshape(-1, 4)
     return Sentences(sents.doc_id, text, cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].astype(np.int32),
-                     cols[:, 3].astype(np.int32), counts.astype(np.int32))
+                     cols[:, 3].astype(np.int32), np.asarray(counts, dtype=np.int32))
 
 
 def split_document(doc: Document, splitter: SplitterConfig, tokenizer, max_tokens: int) -> Sentences:
@@ -999,9 +1013,11 @@ def ingest(
     old = existing_manifest(root)
     if config is None:
         config = EngineConfig.from_dict(old["config"]) if old else EngineConfig()
-    dtype_store = dtype_store or (old["dtype"] if old else "float32")
-    max_tokens = max_sentence_tokens or (old["splitter"]["max_sentence_tokens"] if old else
-                                         DEFAULT_MAX_SENTENCE_TOKENS)
+    if dtype_store is None:
+        dtype_store = old["dtype"] if old else "float32"
+    max_tokens = max_sentence_tokens
+    if max_tokens is None:
+        max_tokens = old["splitter"]["max_sentence_tokens"] if old else DEFAULT_MAX_SENTENCE_TOKENS
     _validate(config, workers, local, shard_chars, max_tokens, dtype_store)
     faiss_index.choose_kind(0, index_kind)
     name = config.embedder.model or DEFAULT_MODEL

@@ -6,18 +6,8 @@ import argparse
 from dataclasses import asdict
 
 from engine.errors import QascError
-from engine.index import KINDS
+from engine.index import AUTO_FLAT_MAX, KINDS
 from engine.store import DEFAULT_SHARD_CHARS, ENCODING_ERRORS, STORE_DTYPES
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,29 +21,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--model", metavar="NAME_OR_PATH",
                    help="embedding model: a local folder or a Hugging Face name (default: all-MiniLM-L6-v2, bundled)")
     m.add_argument("--device", metavar="DEV", help="auto | cpu | cuda | cuda:N (default auto)")
-    m.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"],
-                   help="compute dtype of the model (default auto: bf16/fp16 on GPU, fp32 on CPU)")
-    m.add_argument("--batch-tokens", type=_positive, metavar="N",
+    m.add_argument("--dtype", metavar="DTYPE",
+                   help="compute dtype of the model: auto | float32 | float16 | bfloat16 (default auto: bf16/fp16 "
+                        "on GPU, fp32 on CPU)")
+    m.add_argument("--batch-tokens", type=int, metavar="N",
                    help="padded tokens per embedding batch (default 1024 on CPU, 262144 on GPU)")
-    m.add_argument("--max-length", type=_positive, metavar="N", help="model input length in tokens (default 256)")
+    m.add_argument("--max-length", type=int, metavar="N", help="model input length in tokens (default 256)")
     s = p.add_argument_group("sentences (unset: the store's setting, else the default)")
-    s.add_argument("--max-sentence-tokens", type=_positive, metavar="N",
+    s.add_argument("--max-sentence-tokens", type=int, metavar="N",
                    help="sentences longer than N model tokens are cut at token offsets (default 128)")
-    s.add_argument("--max-chars", type=_positive, metavar="N",
+    s.add_argument("--max-chars", type=int, metavar="N",
                    help="sentences longer than N characters are cut at whitespace first (default 2000)")
-    s.add_argument("--line-breaks", choices=["ignore", "paragraph", "always"],
-                   help="does a single newline end a sentence (default paragraph)")
+    s.add_argument("--line-breaks", metavar="MODE",
+                   help="does a single newline end a sentence: ignore | paragraph | always (default paragraph)")
     o = p.add_argument_group("store")
-    o.add_argument("--dtype-store", choices=STORE_DTYPES,
-                   help="embedding storage type (default float32; float16 halves the store)")
-    o.add_argument("--index", choices=KINDS, default="auto",
-                   help="FAISS index: flat (exact), ivf, hnsw, or auto = flat up to 200k sentences, ivf above")
-    o.add_argument("--shard-chars", type=_positive, default=DEFAULT_SHARD_CHARS, metavar="N",
+    o.add_argument("--dtype-store", metavar="DTYPE",
+                   help=f"embedding storage type: {' | '.join(STORE_DTYPES)} (default float32; float16 halves the "
+                        f"store)")
+    o.add_argument("--index", default="auto", metavar="KIND",
+                   help=f"FAISS index: {' | '.join(KINDS)}; auto = flat (exact) up to {AUTO_FLAT_MAX} sentences, "
+                        f"ivf above (default auto)")
+    o.add_argument("--shard-chars", type=int, default=DEFAULT_SHARD_CHARS, metavar="N",
                    help=f"input characters per shard, the unit of work and of resume (default {DEFAULT_SHARD_CHARS})")
     i = p.add_argument_group("input")
     i.add_argument("--encoding", default="utf-8", help="text encoding of the input files (default utf-8)")
-    i.add_argument("--errors", choices=ENCODING_ERRORS, default="strict",
-                   help="what to do with undecodable bytes (default strict: refuse the file)")
+    i.add_argument("--errors", default="strict", metavar="MODE",
+                   help=f"undecodable bytes: {' | '.join(ENCODING_ERRORS)} (default strict: refuse the file)")
     i.add_argument("--id-field", default="id", metavar="NAME", help="id column of .jsonl/.parquet inputs")
     i.add_argument("--text-field", default="text", metavar="NAME", help="text column of .jsonl/.parquet inputs")
     r = p.add_argument_group("execution")
@@ -62,7 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--ray-address", metavar="ADDR",
                    help="Ray cluster to use: 'auto', HOST:PORT or ray://HOST:PORT (default: $RAY_ADDRESS, else a "
                         "new local instance)")
-    r.add_argument("--workers", type=_positive, default=1, metavar="N",
+    r.add_argument("--workers", type=int, default=1, metavar="N",
                    help="embedding actors on Ray, one GPU each when the cluster has GPUs (default 1)")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar (default: a bar on a terminal, plain log lines otherwise)")

@@ -14,6 +14,7 @@ import logging
 import os
 import pickle
 import signal
+import warnings
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -124,7 +125,7 @@ def run_ray(
         data_ctx = DataContext.get_current()
         data_ctx.enable_progress_bars = False
         data_ctx.print_on_execution_start = False
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
         resources = ray.cluster_resources()
         gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
         if gpus and workers > gpus:
@@ -136,16 +137,20 @@ def run_ray(
         rows = [{"shard": t.shard_id, "task": pickle.dumps(t, protocol=5)} for t in tasks]
         ds = ray.data.from_items(rows, override_num_blocks=len(rows))
         ds = ds.map(read_split, fn_kwargs={"ctx": ctx}, num_cpus=1)
-        ds = ds.map_batches(
-            EmbedActor,
+        embed_args = dict(
             fn_constructor_kwargs={"ctx": ctx, "threads": max(1, cpus // workers), "fault_marker": fault_marker},
             batch_size=1,
             compute=ActorPoolStrategy(size=workers),
             num_gpus=1 if gpus else 0,
             num_cpus=1,
-            max_restarts=MAX_RESTARTS,
-            max_task_retries=MAX_TASK_RETRIES,
         )
+        try:  # Ray 2.60 has no named parameter for these; its default is unbounded (-1), ours is bounded
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                ds = ds.map_batches(EmbedActor, **embed_args, max_restarts=MAX_RESTARTS,
+                                    max_task_retries=MAX_TASK_RETRIES)
+        except TypeError:  # a Ray without ray_remote_args: keep its (unbounded) restarts and retries
+            ds = ds.map_batches(EmbedActor, **embed_args)
         for row in ds.iter_rows():
             task = by_id[int(row["shard"])]
             docs, sents, emb = pickle.loads(row["payload"])
