@@ -25,6 +25,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -716,7 +717,8 @@ def existing_manifest(path: str | Path) -> dict | None:
     if (root / MANIFEST).exists():
         return read_manifest(root)
     ours = {STAGING, LOCK, DOCUMENTS_DIR, SENTENCES_DIR}
-    strangers = [p.name for p in root.iterdir() if p.name not in ours and not p.name.startswith(".")]
+    strangers = [p.name for p in root.iterdir() if p.name not in ours and not p.name.startswith(".")
+                 and not re.fullmatch(r"index-\d+\.faiss", p.name)]
     if strangers:
         raise QascError(f"--store {root}: folder exists and is not a QASC store (no {MANIFEST}; holds "
                         f"{', '.join(sorted(strangers)[:3])}); use a new or empty folder")
