@@ -1,0 +1,71 @@
+"""`qasc eval`: QASC against chunk-then-retrieve baselines on a Chroma-format data set -> report, JSON, plots."""
+
+from __future__ import annotations
+
+import argparse
+
+from engine.evaluation.baselines import DEFAULT_METHODS
+from engine.evaluation.data import DEFAULT_DATA_DIR
+from engine.evaluation.harness import DEFAULT_CACHE_DIR, QUICK_CORPORA, EvalConfig, run_eval
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data", default=None, help=f"Chroma-format folder (corpora/*.md + questions.csv); "
+                   f"default {DEFAULT_DATA_DIR}")
+    p.add_argument("--out", required=True, help="output folder: report.md, results.json, *.png, spans.jsonl")
+    p.add_argument("--methods", type=_names, default=DEFAULT_METHODS,
+                   help="comma-separated methods (default: all): " + ", ".join(DEFAULT_METHODS)
+                   + "; also recursive-<N>t (Chroma's cl100k recursive splitter) and semantic-p<P>")
+    p.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR,
+                   help="embedding/spans/store cache shared by runs and methods (env QASC_EVAL_CACHE); "
+                   "'none' disables it")
+    p.add_argument("--llm-url", default=None, help="OpenAI-compatible API base (e.g. http://127.0.0.1:8000/v1): "
+                   "enables the agentic chunker and the generate-and-judge faithfulness score")
+    p.add_argument("--llm-model", default="default", help="model name sent to --llm-url")
+    p.add_argument("--judge-questions", type=int, default=40, help="questions sampled for generate-and-judge")
+    p.add_argument("--quick", action="store_true", help=f"tiny subset ({', '.join(QUICK_CORPORA)}, 12 questions "
+                   "each) and a 2-setting QASC grid: a smoke run, not a result")
+    p.add_argument("--grid", choices=("full", "quick"), default="full", help="QASC grid to cross-validate over")
+    p.add_argument("--ks", type=_ints, default=tuple(range(1, 11)), help="top-k values (default 1..10)")
+    p.add_argument("--budgets", type=_ints, default=(100, 200, 400, 800), help="token budgets (model tokens)")
+    p.add_argument("--ppl-corpora", type=_names, default=QUICK_CORPORA,
+                   help="corpora the offline perplexity stand-in runs on (it is slow on CPU)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda[:N] | auto for the embedder and the engine")
+    p.add_argument("--dtype", default="fast", help="embedder precision: fast (bf16 on CPUs with native bf16, "
+                   "else auto) | auto | float32 | bfloat16 | float16")
+    p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% intervals")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and the judge sample")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = EvalConfig(
+        data_dir=args.data, out_dir=args.out,
+        cache_dir=None if str(args.cache_dir).lower() == "none" else args.cache_dir,
+        methods=tuple(args.methods), llm_url=args.llm_url, llm_model=args.llm_model, quick=args.quick,
+        ks=tuple(args.ks), budgets=tuple(args.budgets), ppl_corpora=tuple(args.ppl_corpora),
+        judge_questions=args.judge_questions, n_boot=args.bootstrap, seed=args.seed, device=args.device,
+        dtype=args.dtype, grid=args.grid,
+    )
+    results = run_eval(cfg)
+    held = results["heldout"]
+    print(f"{'method':<30} {'F1':>6} {'P':>6} {'R':>6} {'tokens':>7}")
+    for name in sorted(held, key=lambda n: -held[n]["f1"]["mean"]):
+        e = held[name]
+        print(f"{name:<30} {e['f1']['mean']:6.1f} {e['precision']['mean']:6.1f} {e['recall']['mean']:6.1f} "
+              f"{e['tokens']:7.0f}")
+    print(f"report: {args.out}/report.md")
+    return 0
