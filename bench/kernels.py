@@ -94,6 +94,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-ref", action="store_true", help="fast path only (large Q/L on a GPU)")
     p.add_argument("--mem-budget-gb", type=float, default=6.0,
                    help="skip a (Q, L, setting) whose peak memory, probed on one row and scaled by Q, exceeds this")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny run: Q in {1, 16}, L = 64, 2 settings, 1 repeat")
     args = p.parse_args(argv)
@@ -105,6 +106,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     from engine.embedder import resolve_device
     from kernels import reference
 
@@ -137,7 +140,8 @@ def main(argv=None) -> dict:
                 print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                       flush=True)
     info = machine_info(device)
-    print(f"\ndevice {device}, fast path median of {args.repeats}; reference timed on 'ref rows' rows and scaled "
+    print(f"\ndevice {device}, torch threads {torch.get_num_threads()}, fast path median of {args.repeats}; "
+          "reference timed on 'ref rows' rows and scaled "
           f"linearly to Q; load avg {info['load_avg']}")
     cols = ["Q", "L", "setting", "fast ms", "fast us/query", "queries/s"]
     if not args.no_ref:
