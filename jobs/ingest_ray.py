@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 import signal
+import socket
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -80,6 +82,17 @@ def _qasc_cause(exc: BaseException) -> QascError | None:
     return None
 
 
+def _probe(address: str) -> None:
+    """HOST:PORT or ray://HOST:PORT that nothing answers -> QascError now (ray.init would wait minutes)."""
+    m = re.fullmatch(r"(?:ray://)?\[?([\w.:-]+?)\]?:(\d+)", address)
+    if not m:
+        return  # "auto", "local" and the like: ray.init decides
+    try:
+        socket.create_connection((m.group(1), int(m.group(2))), timeout=5).close()
+    except OSError as exc:
+        raise QascError(f"cannot connect to Ray at {address}: {exc.strerror or exc}") from None
+
+
 def connect(ray_address: str | None) -> bool:
     """Connects to ray_address (or RAY_ADDRESS), else starts a local instance; -> True if this call did it."""
     for key, value in (("RAY_USAGE_STATS_ENABLED", "0"), ("RAY_AUTH_MODE", "disabled"),
@@ -92,12 +105,15 @@ def connect(ray_address: str | None) -> bool:
     address = ray_address or os.environ.get("RAY_ADDRESS")
     try:
         if address:
+            _probe(address)
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         else:
             repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
             ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.WARNING,
                      log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    except QascError:
+        raise
     except Exception as exc:  # ConnectionError, RuntimeError, ValueError depending on the address
         text = str(exc).strip().splitlines()
         raise QascError(f"cannot {'connect to Ray at ' + address if address else 'start a local Ray instance'}: "
@@ -115,7 +131,10 @@ def run_ray(
     on_split: Callable[[int, int], None] | None = None,
     fault_marker: str | None = None,
 ) -> None:
-    """Runs read -> split -> embed over `tasks` on Ray; calls on_shard(task, docs, sents, emb) on the driver."""
+    """Runs read -> split -> embed over `tasks` on Ray; calls on_shard(task, docs, sents, emb) on the driver.
+
+    Connects first when the caller has not (see `connect`); disconnects only what it connected.
+    """
     started = connect(ray_address)
     import ray
 
