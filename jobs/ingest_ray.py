@@ -100,8 +100,10 @@ def connect(ray_address: str | None) -> bool:
         os.environ.setdefault(key, value)
     import ray
 
+    if ray_address:
+        _probe(ray_address)  # an explicit address nothing answers is an error, even inside a running session
     if ray.is_initialized():
-        return False
+        return False  # the caller's session (tests, notebooks) is used as it is
     address = ray_address or os.environ.get("RAY_ADDRESS")
     try:
         if address:
