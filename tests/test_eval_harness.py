@@ -48,11 +48,12 @@ def write_dataset(root: Path) -> Path:
         (root / "corpora" / f"{cid}.md").write_text(text, encoding="utf-8")
     with open(root / "questions.csv", "w", newline="", encoding="utf-8") as fh:
         w = csv.writer(fh)
-        w.writerow(["question", "references", "corpus_id"])
+        w.writerow(["question", "references", "corpus_id", "type"])
         for q, cid, refs in QUESTIONS:
             text = CORPORA[cid]
             w.writerow([q, json.dumps([{"content": r, "start_index": text.index(r),
-                                        "end_index": text.index(r) + len(r)} for r in refs]), cid])
+                                        "end_index": text.index(r) + len(r)} for r in refs]), cid,
+                        "factoid" if len(refs) == 1 else "multi-part"])
     return root
 
 
@@ -212,7 +213,8 @@ def test_run_eval_end_to_end(tmp_path, embedder):
               "ablations.png"):
         assert (out / f).stat().st_size > 0, f
     report = (out / "report.md").read_text()
-    assert "density proxy" in report and "held out" in report
+    assert "density proxy" in report and "held out" in report and "By query type" in report
+    assert held["qasc"]["by_type"]["multi-part"]["n"] == 2
     lines = [json.loads(x) for x in (out / "spans.jsonl").read_text().splitlines()]
     assert len(lines) == 6 * len(held)
     texts = CORPORA

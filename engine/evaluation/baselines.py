@@ -9,6 +9,7 @@ agentic) are cached on disk by the harness under their `key()`.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -232,8 +233,8 @@ class PerplexityChunker(Chunker):
     family = "llm"
     expensive = True
 
-    def __init__(self, tokenizer, percentile: float = 80.0, head: int = 6, context: int = 192,
-                 window: int = 512, max_tokens: int = 256, batch: int = 4, progress=None) -> None:
+    def __init__(self, tokenizer, percentile: float = 80.0, head: int = 6, context: int = 64,
+                 window: int = 256, max_tokens: int = 256, batch: int = 8, progress=None) -> None:
         self.tokenizer = tokenizer  # the embedding model's (token counts for the cap)
         self.percentile, self.head, self.context = percentile, head, context
         self.window, self.max_tokens, self.batch = window, max_tokens, batch
@@ -256,12 +257,19 @@ class PerplexityChunker(Chunker):
             hf_logging.set_verbosity_error()
             hf_logging.disable_progress_bar()
             folder, name = smollm2_path()
+            quiet = os.environ.get("TQDM_DISABLE")
+            os.environ["TQDM_DISABLE"] = "1"  # the GGUF de-quantization progress bar
             try:
                 tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
                 model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16)
             except (ImportError, ValueError) as exc:
                 raise QascError(f"cannot load SmolLM2 from {folder}/{name}: {exc} (needs the `gguf` and "
                                 f"`accelerate` packages)") from None
+            finally:
+                if quiet is None:
+                    os.environ.pop("TQDM_DISABLE", None)
+                else:
+                    os.environ["TQDM_DISABLE"] = quiet
             self._lm = (tok, model.eval())
         return self._lm
 
@@ -374,5 +382,5 @@ FIXED_SIZES = (64, 128, 256, 512, 1024)
 RECURSIVE_SIZES = (400, 800)
 DEFAULT_METHODS = tuple(
     [f"fixed-{n}" for n in FIXED_SIZES] + [f"recursive-{n}c" for n in RECURSIVE_SIZES]
-    + ["sentences", "semantic", "llm-ppl", "llm-agentic", "qasc"]
+    + ["recursive-200t", "sentences", "semantic", "llm-ppl", "llm-agentic", "qasc"]
 )

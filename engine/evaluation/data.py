@@ -1,7 +1,8 @@
 """Chroma chunking-evaluation format: `corpora/*.md` plus `questions.csv` (question, references, corpus_id).
 
 `references` is a JSON list of {content, start_index, end_index}: character offsets into the corpus file
-whose stem is `corpus_id`. Files are read as UTF-8 with newlines kept as they are, so offsets are exact.
+whose stem is `corpus_id`. An optional `type` (or `query_type`) column labels query types for a breakdown.
+Files are read as UTF-8 with newlines kept as they are, so offsets are exact.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class Question:
     text: str
     corpus_id: str
     evidence: tuple[tuple[int, int], ...]
+    qtype: str | None = None  # the set's own query-type label (column `type` or `query_type`), when it has one
 
     @property
     def multi(self) -> bool:
@@ -43,11 +45,16 @@ class Dataset:
     questions: tuple[Question, ...]
     files: dict[str, str] = field(default_factory=dict)
 
-    def fingerprint(self) -> str:
-        """sha256 (16 hex) over every corpus text and the questions: the cache key of anything derived."""
+    def corpora_fingerprint(self) -> str:
+        """sha256 (16 hex) over the corpus ids and texts: the key of a store built from them."""
         h = hashlib.sha256()
         for cid in sorted(self.corpora):
             h.update(cid.encode() + b"\0" + hashlib.sha256(self.corpora[cid].encode()).digest())
+        return h.hexdigest()[:16]
+
+    def fingerprint(self) -> str:
+        """sha256 (16 hex) over every corpus text and the questions."""
+        h = hashlib.sha256(self.corpora_fingerprint().encode())
         for q in self.questions:
             h.update(json.dumps([q.text, q.corpus_id, q.evidence]).encode())
         return h.hexdigest()[:16]
@@ -117,5 +124,6 @@ def load_dataset(data_dir: str | Path | None = None, check_content: bool = True)
                 spans.append((s, e))
             if not spans:
                 raise QascError(f"{where}: question without references")
-            questions.append(Question(len(questions), row["question"], cid, tuple(spans)))
+            qtype = (row.get("type") or row.get("query_type") or "").strip() or None
+            questions.append(Question(len(questions), row["question"], cid, tuple(spans), qtype))
     return Dataset(root.name, str(root), corpora, tuple(questions), files)

@@ -252,7 +252,7 @@ def default_engine_factory(dataset: Dataset, cache: EvalCache, out_dir: Path, de
         raise QascError(f"QASC needs the corpus files; the data set has no path for {missing}")
     fp = model_fingerprint(resolve_model_path(None))
     root = cache.root / "stores" if cache.root else out_dir / "stores"
-    store_dir = root / f"{dataset.name}-{dataset.fingerprint()}-{fp}-{dtype}"
+    store_dir = root / f"{dataset.name}-{dataset.corpora_fingerprint()}-{fp}-{dtype}"
     if existing_manifest(store_dir) is None:
         log(f"building the QASC store {store_dir}")
         t0 = time.perf_counter()
@@ -292,8 +292,11 @@ def seed_sentence_cache(engine, embedder, dataset: Dataset, cache: EvalCache) ->
 
 # ------------------------------------------------------------------------------------------------ views
 
-def cv(cands: dict[str, dict[str, np.ndarray]], dataset: Dataset) -> CVResult:
-    return leave_one_corpus_out(cands, [q.corpus_id for q in dataset.questions], "f1")
+BUDGET_CRITERION = "recall"  # QASC's setting per budget: every method spends up to the same budget
+
+
+def cv(cands: dict[str, dict[str, np.ndarray]], dataset: Dataset, criterion: str = "f1") -> CVResult:
+    return leave_one_corpus_out(cands, [q.corpus_id for q in dataset.questions], criterion)
 
 
 def views(runs: dict[str, MethodRun], dataset: Dataset, cfg: EvalConfig) -> dict:
@@ -309,19 +312,24 @@ def views(runs: dict[str, MethodRun], dataset: Dataset, cfg: EvalConfig) -> dict
         entry = summarize(res.heldout, None, cfg.n_boot, cfg.seed)
         entry["single"] = summarize(res.heldout, ~multi, cfg.n_boot, cfg.seed)
         entry["multi"] = summarize(res.heldout, multi, cfg.n_boot, cfg.seed)
+        types = sorted({q.qtype for q in dataset.questions if q.qtype})
+        if types:
+            qt = np.asarray([q.qtype or "" for q in dataset.questions], dtype=object)
+            entry["by_type"] = {t: summarize(res.heldout, qt == t, cfg.n_boot, cfg.seed) for t in types}
         entry["folds"] = [asdict(f) for f in res.folds]
         entry["family"], entry["note"], entry["stats"] = run.family, run.note, run.stats
         out["heldout"][name] = entry
         out["topk"][name] = {str(k): _view(run, f"k={k}", dataset, cfg) for k in cfg.ks}
-        out["budget"][name] = {str(b): _view(run, f"budget={b}", dataset, cfg) for b in cfg.budgets}
+        out["budget"][name] = {str(b): _view(run, f"budget={b}", dataset, cfg, BUDGET_CRITERION)
+                               for b in cfg.budgets}
         best = best_in_sample(cands)
         out["in_sample"][name] = {"candidate": best, **summarize(run.candidates[best], None, cfg.n_boot, cfg.seed)}
     return out, cvs
 
 
-def _view(run: MethodRun, selector: str, dataset: Dataset, cfg: EvalConfig) -> dict:
+def _view(run: MethodRun, selector: str, dataset: Dataset, cfg: EvalConfig, criterion: str = "f1") -> dict:
     cands = run.exact(selector)
-    res = cv(cands, dataset)
+    res = cv(cands, dataset, criterion)
     entry = summarize(res.heldout, None, cfg.n_boot, cfg.seed)
     if len(cands) > 1:
         entry["folds"] = [asdict(f) for f in res.folds]
@@ -404,8 +412,11 @@ def evaluate_methods(dataset: Dataset, query_emb: np.ndarray, chunksets: dict[st
 
 def run_eval(cfg: EvalConfig, engine_factory: Callable | None = None, embedder=None, log=None) -> dict:
     """The whole evaluation -> results dict (also written to cfg.out_dir with the report and plots)."""
+    from transformers.utils import logging as hf_logging
+
     from engine.evaluation import report
 
+    hf_logging.set_verbosity_error()  # "sequence longer than 512": we only count tokens of long chunks
     log = log or Log()
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
