@@ -46,7 +46,6 @@ from engine.errors import QascError
 from engine.splitter import SplitterConfig, split_sentences
 from engine.types import Sentences
 
-ENGINE_VERSION = "0.1.0"
 FORMAT = "qasc-store"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -674,6 +673,12 @@ def write_shard(root: Path, shard_id: int, docs: Sequence[Document], sents: Sequ
 
 # ------------------------------------------------------------------------------------- manifest, staging
 
+def _engine_version() -> str:
+    import engine
+
+    return str(getattr(engine, "__version__", "unknown"))
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
 
@@ -1027,6 +1032,9 @@ def ingest(
     from engine.embedder import DEFAULT_MODEL, model_fingerprint, resolve_model_path
 
     t0 = time.perf_counter()
+    unknown = set(kw) - {"fault_marker"}  # fault_marker: Ray fault-injection test hook (jobs/ingest_ray.py)
+    if unknown:
+        raise TypeError(f"ingest() got unexpected keyword arguments {sorted(unknown)}")
     log = log or _stderr
     root = Path(store).expanduser().absolute()
     opts = ReadOptions(encoding, errors, id_field, text_field)
@@ -1177,7 +1185,7 @@ def _manifest(old: dict | None, config: EngineConfig, name: str, fingerprint: st
         row_start += s["n_sentences"]
     e = config.embedder
     return {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "engine_version": ENGINE_VERSION, "complete": True,
+        "format": FORMAT, "format_version": FORMAT_VERSION, "engine_version": _engine_version(), "complete": True,
         "created": old["created"] if old else run["finished"], "updated": run["finished"], "generation": generation,
         "model": name, "fingerprint": fingerprint, "dim": dim, "normalized": True, "pooling": "mean",
         "max_length": e.max_length, "dtype": dtype, "splitter": splitter,
