@@ -53,8 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     r.add_argument("--local", action="store_true",
                    help="run in this process without Ray (default: the Ray Data pipeline)")
     r.add_argument("--ray-address", metavar="ADDR",
-                   help="Ray cluster to use: 'auto', HOST:PORT or ray://HOST:PORT (default: $RAY_ADDRESS, else a "
-                        "new local instance)")
+                   help="Ray cluster to use: 'auto' (the cluster this machine belongs to) or HOST:PORT of its head "
+                        "(default: $RAY_ADDRESS, set by `ray job submit`, else a new local instance)")
     r.add_argument("--workers", type=int, default=1, metavar="N",
                    help="embedding actors on Ray, one GPU each when the cluster has GPUs (default 1)")
     r.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
