@@ -115,7 +115,7 @@ def embedder():
 
 
 def fake_factory(engines):
-    def factory(dataset, cache, out_dir, device, dtype, log):
+    def factory(dataset, cache, out_dir, device, dtype, log, embedder=None):
         emb = HashEmbedder()
         engines.append(FakeEngine(dataset, emb))
         return engines[-1]

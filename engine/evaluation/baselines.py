@@ -9,7 +9,6 @@ agentic) are cached on disk by the harness under their `key()`.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -257,8 +256,13 @@ class PerplexityChunker(Chunker):
             hf_logging.set_verbosity_error()
             hf_logging.disable_progress_bar()
             folder, name = smollm2_path()
-            quiet = os.environ.get("TQDM_DISABLE")
-            os.environ["TQDM_DISABLE"] = "1"  # the GGUF de-quantization progress bar
+            try:  # silence the GGUF de-quantization progress bar (plain tqdm, no transformers switch)
+                import transformers.modeling_gguf_pytorch_utils as gguf_utils
+            except ImportError:
+                gguf_utils = None
+            bar = getattr(gguf_utils, "tqdm", None)
+            if bar is not None:
+                gguf_utils.tqdm = lambda it, *a, **k: it
             try:
                 tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
                 model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16)
@@ -266,10 +270,8 @@ class PerplexityChunker(Chunker):
                 raise QascError(f"cannot load SmolLM2 from {folder}/{name}: {exc} (needs the `gguf` and "
                                 f"`accelerate` packages)") from None
             finally:
-                if quiet is None:
-                    os.environ.pop("TQDM_DISABLE", None)
-                else:
-                    os.environ["TQDM_DISABLE"] = quiet
+                if bar is not None:
+                    gguf_utils.tqdm = bar
             self._lm = (tok, model.eval())
         return self._lm
 

@@ -249,7 +249,8 @@ def render(results: dict) -> str:
     ks = list(results["topk"][names[0]].keys())
     L.append("## Top-k view: F1 (recall) at each k")
     L.append("")
-    L.append("Baselines at a fixed k have nothing to choose; QASC's setting is chosen per fold at that k.")
+    L.append("Baselines at a fixed k return exactly k chunks and have nothing to choose; QASC returns at most k "
+             "(its seeds decide how many), with its setting chosen per fold at that k.")
     L.append("")
     L.append("| method | " + " | ".join(f"k={k}" for k in ks) + " |")
     L.append("|---|" + "---|" * len(ks))
