@@ -125,7 +125,8 @@ def RESULTS_SCHEMA():  # noqa: N802 - a constant, built lazily so that pyarrow l
     ])
 
 
-def print_table(ids: list[str], questions: list[str], results, stream=sys.stdout) -> None:
+def print_table(ids: list[str], questions: list[str], results, stream=None) -> None:
+    stream = stream or sys.stdout
     for qid, question, chunks in zip(ids, questions, results):
         print(f"\n[{qid}] {question}", file=stream)
         if not chunks:

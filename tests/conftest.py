@@ -12,6 +12,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CORPUS = REPO / "engine" / "data" / "demo"
