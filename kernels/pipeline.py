@@ -85,9 +85,10 @@ def run_qasc(
     win_scores = ops.decay_window_scores(sims, valid, seeds, starts, ends, p.decay)
     kept = ops.keep_windows(win_scores, seeds, tau, p.factor)
     # the most similar seed always survives the score filter: a query with candidates gets an answer
-    best = seeds & (sims == torch.where(seeds, sims, float("-inf")).amax(dim=1, keepdim=True))
-    first_best = best & (best.long().cumsum(dim=1) == 1)
-    kept = kept | first_best
+    if sims.shape[1] > 0:  # amax over an empty row dimension raises
+        best = seeds & (sims == torch.where(seeds, sims, float("-inf")).amax(dim=1, keepdim=True))
+        first_best = best & (best.long().cumsum(dim=1) == 1)
+        kept = kept | first_best
     seed_values = sims if p.score == "seed_sim" else win_scores
     how = "mean" if p.score == "window_mean" else "max"
 
