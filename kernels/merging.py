@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.runs import positions_like, region_keys
+from kernels.runs import positions_like, region_keys, run_bounds
 
 
 def coverage(kept: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
@@ -23,7 +23,8 @@ def fill_gaps(
     """covered (Q, L) bool, segment_ids (Q, L) int64, valid (Q, L) bool -> covered (Q, L) bool.
 
     Uncovered stretches of at most `gap` sentences between two covered sentences of the same segment
-    become covered (gap 0 changes nothing: adjacent windows already touch).
+    (one run of equal segment ids among valid positions: an id that recurs later in the row is another
+    segment) become covered (gap 0 changes nothing: adjacent windows already touch).
     """
     if gap < 0:
         raise ValueError(f"gap must be >= 0, got {gap}")
@@ -35,8 +36,11 @@ def fill_gaps(
     prev_cov = torch.where(covered, idx, torch.full_like(idx, -1)).cummax(dim=1).values
     next_cov = torch.where(covered, idx, torch.full_like(idx, length)).flip(1).cummin(dim=1).values.flip(1)
     has_both = (prev_cov >= 0) & (next_cov < length)
-    same_key = keys.gather(1, prev_cov.clamp(0, length - 1)) == keys.gather(1, next_cov.clamp(0, length - 1))
-    fill = ~covered & has_both & same_key & (next_cov - prev_cov - 1 <= gap) & (keys >= 0)
+    # same segment = same run of keys (an id may recur later in the row as a different segment)
+    run_start, _ = run_bounds(keys)
+    prev_run = run_start.gather(1, prev_cov.clamp(0, length - 1))
+    same_run = prev_run == run_start.gather(1, next_cov.clamp(0, length - 1))
+    fill = ~covered & has_both & same_run & (next_cov - prev_cov - 1 <= gap) & (keys >= 0)
     return covered | fill
 
 

@@ -63,7 +63,10 @@ def decay_window_scores(
     """sims (Q, L) float, valid/seeds (Q, L) bool, starts/ends (Q, L) int64 -> scores (Q, L) float.
 
     score[r] = sum_i a_i s_i / sum_i a_i over valid i in [start_r, end_r], a_i = exp(-decay * |i - r|);
-    -inf where r is not a seed.
+    -inf where r is not a seed. Evaluated as s_r + sum_d [a_d (s_{r-d} - s_r) + a_d (s_{r+d} - s_r)] / sum_i a_i,
+    the two sentences at each distance d added first: a window of equally similar sentences scores exactly
+    s_r and a mirrored window scores exactly the same, so windows that tie in exact arithmetic tie in floating
+    point too (and the tie is broken by position downstream, not by rounding noise).
     """
     q, length = sims.shape
     if length == 0:
@@ -78,7 +81,12 @@ def decay_window_scores(
     pos = idx[..., None] + offsets  # (Q, L, 2R+1)
     inside = near_valid & (pos >= starts[..., None]) & (pos <= ends[..., None])
     w = torch.where(inside, weights.expand_as(near_sims), torch.zeros_like(near_sims))
-    scores = (w * near_sims).sum(-1) / w.sum(-1).clamp(min=torch.finfo(sims.dtype).tiny)
+    centre = torch.where(valid, sims, torch.zeros_like(sims))  # s_r
+    terms = w * (near_sims - centre[..., None])  # a_i (s_i - s_r), 0 outside the window
+    # pair the neighbours at distance d (offsets -d and +d) before summing over d: symmetric in left/right
+    num = terms[..., radius] + (terms[..., :radius].flip(-1) + terms[..., radius + 1 :]).sum(-1)
+    den = w[..., radius] + (w[..., :radius].flip(-1) + w[..., radius + 1 :]).sum(-1)
+    scores = centre + num / den.clamp(min=torch.finfo(sims.dtype).tiny)
     return torch.where(seeds, scores, torch.full_like(scores, float("-inf")))
 
 

@@ -1,0 +1,449 @@
+"""Slow, loop-based twins of the QASC kernels, written from their docstring contracts for the tests.
+
+Every function has the signature and the output shapes/dtypes of its vectorized counterpart, but works one
+query row and one sentence at a time on plain Python lists. Nothing here calls the vectorized kernels, so a
+disagreement between the two points at a bug in one of them. The module can be passed as
+`kernels.pipeline.run_qasc(..., ops=kernels.reference)`.
+
+Conventions shared by all functions:
+
+* a "segment" of a row is a maximal run of equal consecutive keys among valid positions; an invalid position
+  belongs to no segment and always separates segments;
+* "block" (snapping) is a maximal run of consecutive valid positions with the same segment key and the same
+  block id;
+* chunk labels are >= 0; -1 means "no chunk".
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_INF = float("inf")
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+
+def _rows(x: torch.Tensor) -> list[list]:
+    """(Q, L) tensor -> list of Q Python lists (works for Q == 0 and L == 0)."""
+    return [row.tolist() for row in x]
+
+
+def _to_tensor(rows: list[list], shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Python nested lists -> tensor of exactly `shape` (empty lists would otherwise lose their shape)."""
+    return torch.tensor(rows, dtype=dtype).reshape(shape).to(device)
+
+
+def _segment_ids(keys: list[int], valid: list[bool]) -> list[int | None]:
+    """Per position: the index of the segment (run of equal consecutive valid keys) holding it; None if invalid."""
+    out: list[int | None] = []
+    current = -1
+    for i, (key, ok) in enumerate(zip(keys, valid, strict=True)):
+        if not ok:
+            out.append(None)
+            continue
+        if i == 0 or not valid[i - 1] or keys[i - 1] != key:
+            current += 1
+        out.append(current)
+    return out
+
+
+def _block_ids(keys: list[int], blocks: list[int], valid: list[bool]) -> list[int | None]:
+    """Per position: the index of its block (run of equal (segment key, block id) among valid positions)."""
+    return _segment_ids([(k, b) for k, b in zip(keys, blocks, strict=True)], valid)  # type: ignore[misc]
+
+
+def _label_runs(labels: list[int]) -> list[tuple[int, int]]:
+    """Maximal runs [start, end] (inclusive) of equal consecutive labels >= 0."""
+    runs: list[tuple[int, int]] = []
+    i = 0
+    while i < len(labels):
+        if labels[i] < 0:
+            i += 1
+            continue
+        j = i
+        while j + 1 < len(labels) and labels[j + 1] == labels[i]:
+            j += 1
+        runs.append((i, j))
+        i = j + 1
+    return runs
+
+
+# --------------------------------------------------------------------------------------------------- seeding
+
+
+def percentile_threshold(sims: torch.Tensor, valid: torch.Tensor, percentile: float | torch.Tensor) -> torch.Tensor:
+    """tau (Q,): numpy's "linear" percentile of each row's valid sims; +inf for rows without valid entries.
+
+    Position p = percentile / 100 * (n - 1) among the sorted valid values, tau = v[lo] + (v[hi] - v[lo]) * frac,
+    evaluated with 0-d tensors in sims.dtype so that the result is bit-identical to any implementation of the
+    same formula in the same dtype.
+    """
+    q, _ = sims.shape
+    dtype = sims.dtype
+    pcts = torch.as_tensor(percentile, dtype=dtype).expand(q).tolist()
+    taus: list[float] = []
+    for row, ok, pct in zip(_rows(sims), _rows(valid), pcts, strict=True):
+        values = sorted(v for v, good in zip(row, ok, strict=True) if good)
+        n = len(values)
+        if n == 0:
+            taus.append(_INF)
+            continue
+        pos = torch.tensor(pct, dtype=dtype) / 100 * torch.tensor(float(n - 1), dtype=dtype)
+        lo = math.floor(pos.item())
+        hi = math.ceil(pos.item())
+        if lo == hi:
+            taus.append(values[lo])
+            continue
+        frac = pos - torch.tensor(float(lo), dtype=dtype)
+        v_lo = torch.tensor(values[lo], dtype=dtype)
+        v_hi = torch.tensor(values[hi], dtype=dtype)
+        taus.append((v_lo + (v_hi - v_lo) * frac).item())
+    return torch.tensor(taus, dtype=dtype).reshape(q).to(sims.device)
+
+
+def percentile_seeds(
+    sims: torch.Tensor,
+    valid: torch.Tensor,
+    percentile: float | torch.Tensor = 75.0,
+    min_seeds: int = 1,
+    max_seeds: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """tau (Q,), seeds (Q, L) bool: valid sims >= tau, plus the `min_seeds` most similar, capped to `max_seeds`."""
+    q, length = sims.shape
+    tau = percentile_threshold(sims, valid, percentile)
+    out: list[list[bool]] = []
+    for row, ok, t in zip(_rows(sims), _rows(valid), tau.tolist(), strict=True):
+        ranked = sorted((i for i in range(length) if ok[i]), key=lambda i: (-row[i], i))
+        chosen = {i for i in range(length) if ok[i] and row[i] >= t}
+        chosen |= set(ranked[:min_seeds])
+        if max_seeds is not None:
+            chosen &= set(ranked[:max_seeds])
+        out.append([i in chosen for i in range(length)])
+    return tau, _to_tensor(out, (q, length), torch.bool, sims.device)
+
+
+# --------------------------------------------------------------------------------------------------- windows
+
+
+def _may_take(j: int, r: int, seg: list[int | None], sims: list[float], threshold: list[float] | None) -> bool:
+    """May seed r's window take position j: same segment as r and, if adaptive, similar enough?"""
+    if not 0 <= j < len(seg) or seg[j] is None or seg[j] != seg[r]:
+        return False
+    return threshold is None or sims[j] >= threshold[r]
+
+
+def expand_windows(
+    sims: torch.Tensor,
+    valid: torch.Tensor,
+    seeds: torch.Tensor,
+    segment_ids: torch.Tensor,
+    radius: int,
+    threshold: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """starts, ends (Q, L) int64: each seed's window grown one sentence at a time per side within its segment.
+
+    A side stops after `radius` steps, at the segment's edge, or (with `threshold`) before the first neighbour
+    whose similarity is below the seed's threshold. Non-seeds get -1.
+    """
+    if radius < 0:
+        raise ValueError(f"radius must be >= 0, got {radius}")
+    q, length = sims.shape
+    thr_rows = _rows(threshold) if threshold is not None else [None] * q
+    starts: list[list[int]] = []
+    ends: list[list[int]] = []
+    for row, ok, seed, keys, thr in zip(
+        _rows(sims), _rows(valid), _rows(seeds), _rows(segment_ids), thr_rows, strict=True
+    ):
+        seg = _segment_ids(keys, ok)
+        row_s = [-1] * length
+        row_e = [-1] * length
+        for r in range(length):
+            if not seed[r]:
+                continue
+
+            s = r
+            while r - s < radius and _may_take(s - 1, r, seg, row, thr):
+                s -= 1
+            e = r
+            while e - r < radius and _may_take(e + 1, r, seg, row, thr):
+                e += 1
+            row_s[r], row_e[r] = s, e
+        starts.append(row_s)
+        ends.append(row_e)
+    return (
+        _to_tensor(starts, (q, length), torch.long, sims.device),
+        _to_tensor(ends, (q, length), torch.long, sims.device),
+    )
+
+
+def decay_window_scores(
+    sims: torch.Tensor,
+    valid: torch.Tensor,
+    seeds: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    decay: float,
+) -> torch.Tensor:
+    """scores (Q, L): decay-weighted mean of the valid sims of each seed's window; -inf for non-seeds.
+
+    score[r] = sum_i a_i s_i / sum_i a_i over valid i in [start_r, end_r], a_i = exp(-decay |i - r|), evaluated
+    as the contract asks: s_r + sum over d = 1, 2, ... of [a_d (s_{r-d} - s_r) + a_d (s_{r+d} - s_r)] / sum_i a_i,
+    so that constant and mirrored windows tie exactly. A window without any valid sentence (outside the
+    contract: the seed itself is valid and inside) scores s_r.
+    """
+    q, length = sims.shape
+    out: list[list[float]] = []
+    for row, ok, seed, st, en in zip(_rows(sims), _rows(valid), _rows(seeds), _rows(starts), _rows(ends), strict=True):
+        scores = [-_INF] * length
+        for r in range(length):
+            if not seed[r]:
+                continue
+            lo, hi = max(st[r], 0), min(en[r], length - 1)
+            inside = [lo <= i <= hi and bool(ok[i]) for i in range(length)]
+            num = 0.0
+            den = 1.0 if inside[r] else 0.0  # a_0 = 1; the seed adds a_0 (s_r - s_r) = 0 to num
+            for d in range(1, length):
+                a = math.exp(-decay * d)
+                has_left = r - d >= 0 and inside[r - d]
+                has_right = r + d < length and inside[r + d]
+                left = a * (row[r - d] - row[r]) if has_left else 0.0
+                right = a * (row[r + d] - row[r]) if has_right else 0.0
+                num += left + right
+                den += (a if has_left else 0.0) + (a if has_right else 0.0)
+            scores[r] = row[r] + (num / den if den > 0 else 0.0)
+        out.append(scores)
+    return _to_tensor(out, (q, length), sims.dtype, sims.device)
+
+
+def keep_windows(scores: torch.Tensor, seeds: torch.Tensor, tau: torch.Tensor, factor: float | None) -> torch.Tensor:
+    """kept (Q, L) bool: seeds whose window score is >= factor * tau (all seeds when factor is None)."""
+    q, length = scores.shape
+    out: list[list[bool]] = []
+    for row, seed, t in zip(_rows(scores), _rows(seeds), tau.tolist(), strict=True):
+        out.append([bool(seed[i]) and (factor is None or row[i] >= factor * t) for i in range(length)])
+    return _to_tensor(out, (q, length), torch.bool, scores.device)
+
+
+# --------------------------------------------------------------------------------------------------- merging
+
+
+def coverage(kept: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """covered (Q, L) bool: union of the inclusive windows [start, end] of the kept seeds."""
+    q, length = kept.shape
+    out: list[list[bool]] = []
+    for keep, st, en in zip(_rows(kept), _rows(starts), _rows(ends), strict=True):
+        covered = [False] * length
+        for r in range(length):
+            if keep[r]:
+                for i in range(st[r], en[r] + 1):
+                    covered[i] = True
+        out.append(covered)
+    return _to_tensor(out, (q, length), torch.bool, kept.device)
+
+
+def fill_gaps(covered: torch.Tensor, segment_ids: torch.Tensor, valid: torch.Tensor, gap: int) -> torch.Tensor:
+    """covered (Q, L) bool: uncovered stretches of <= `gap` sentences between two covered sentences of one
+    segment become covered."""
+    if gap < 0:
+        raise ValueError(f"gap must be >= 0, got {gap}")
+    q, length = covered.shape
+    out: list[list[bool]] = []
+    for cov, keys, ok in zip(_rows(covered), _rows(segment_ids), _rows(valid), strict=True):
+        seg = _segment_ids(keys, ok)
+        new = list(cov)
+        # covered sentences (valid positions) grouped by segment, in row order
+        by_segment: dict[int, list[int]] = {}
+        for i in range(length):
+            if cov[i] and seg[i] is not None:
+                by_segment.setdefault(seg[i], []).append(i)
+        for positions in by_segment.values():
+            for a, b in zip(positions, positions[1:], strict=False):
+                if 0 < b - a - 1 <= gap:
+                    for i in range(a + 1, b):
+                        new[i] = True
+        out.append(new)
+    return _to_tensor(out, (q, length), torch.bool, covered.device)
+
+
+def label_segments(
+    covered: torch.Tensor, segment_ids: torch.Tensor, valid: torch.Tensor, breaks: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """labels (Q, L) int64, count (Q,) int64: maximal runs of covered valid sentences inside one segment,
+    numbered 0, 1, ... in row order (-1 elsewhere); `breaks` forces a new run at a position."""
+    q, length = covered.shape
+    brk_rows = _rows(breaks) if breaks is not None else [[False] * length for _ in range(q)]
+    labels: list[list[int]] = []
+    counts: list[int] = []
+    for cov, keys, ok, brk in zip(_rows(covered), _rows(segment_ids), _rows(valid), brk_rows, strict=True):
+        seg = _segment_ids(keys, ok)
+        row = [-1] * length
+        n = 0
+        for i in range(length):
+            if not (cov[i] and ok[i]):
+                continue
+            continues = i > 0 and row[i - 1] >= 0 and seg[i - 1] == seg[i] and not brk[i]
+            if not continues:
+                n += 1
+            row[i] = n - 1
+        labels.append(row)
+        counts.append(n)
+    return (
+        _to_tensor(labels, (q, length), torch.long, covered.device),
+        _to_tensor(counts, (q,), torch.long, covered.device),
+    )
+
+
+def segment_spans(labels: torch.Tensor, n_segments: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """starts, ends (Q, S) int64: first/last position carrying each label 0..S-1; -1 for absent labels."""
+    q, _ = labels.shape
+    starts: list[list[int]] = []
+    ends: list[list[int]] = []
+    for row in _rows(labels):
+        where = [[i for i, lab in enumerate(row) if lab == s] for s in range(n_segments)]
+        starts.append([min(p) if p else -1 for p in where])
+        ends.append([max(p) if p else -1 for p in where])
+    return (
+        _to_tensor(starts, (q, n_segments), torch.long, labels.device),
+        _to_tensor(ends, (q, n_segments), torch.long, labels.device),
+    )
+
+
+def segment_sums(labels: torch.Tensor, values: torch.Tensor, n_segments: int) -> torch.Tensor:
+    """sums (Q, S) in values.dtype: total of `values` over the positions carrying each label."""
+    q, _ = labels.shape
+    out: list[list] = []
+    for row, vals in zip(_rows(labels), _rows(values), strict=True):
+        sums = [0] * n_segments
+        for lab, v in zip(row, vals, strict=True):
+            if lab >= 0:
+                sums[lab] += v
+        out.append(sums)
+    return _to_tensor(out, (q, n_segments), values.dtype, values.device)
+
+
+def segment_scores(
+    labels: torch.Tensor, values: torch.Tensor, include: torch.Tensor, n_segments: int, how: str = "max"
+) -> torch.Tensor:
+    """scores (Q, S): max or mean of `values` over each label's included positions; -inf when there are none."""
+    if how not in ("max", "mean"):
+        raise ValueError(f"how must be 'max' or 'mean', got {how!r}")
+    q, _ = labels.shape
+    out: list[list[float]] = []
+    for row, vals, inc in zip(_rows(labels), _rows(values), _rows(include), strict=True):
+        picked: list[list[float]] = [[] for _ in range(n_segments)]
+        for lab, v, use in zip(row, vals, inc, strict=True):
+            if use and lab >= 0:
+                picked[lab].append(v)
+        if how == "max":
+            out.append([max(p) if p else -_INF for p in picked])
+        else:
+            out.append([sum(p) / len(p) if p else -_INF for p in picked])
+    return _to_tensor(out, (q, n_segments), values.dtype, values.device)
+
+
+# --------------------------------------------------------------------------------------------------- snapping
+
+
+def snap_to_blocks(
+    labels: torch.Tensor,
+    n_segments: int,
+    segment_ids: torch.Tensor,
+    block_ids: torch.Tensor,
+    valid: torch.Tensor,
+    n_tokens: torch.Tensor,
+    max_tokens: int,
+) -> torch.Tensor:
+    """covered (Q, L) bool: union of the label spans [s, e], each grown to [start of s's block, end of e's block]
+    when the grown span holds at most `max_tokens` tokens of valid sentences."""
+    q, length = labels.shape
+    out: list[list[bool]] = []
+    for lab, keys, blk, ok, tok in zip(
+        _rows(labels), _rows(segment_ids), _rows(block_ids), _rows(valid), _rows(n_tokens), strict=True
+    ):
+        block = _block_ids(keys, blk, ok)
+        covered = [False] * length
+        for s_label in range(n_segments):
+            where = [i for i in range(length) if lab[i] == s_label]
+            if not where:
+                continue
+            s, e = min(where), max(where)
+            new_s, new_e = s, e
+            if block[s] is not None:
+                while new_s > 0 and block[new_s - 1] == block[s]:
+                    new_s -= 1
+            if block[e] is not None:
+                while new_e < length - 1 and block[new_e + 1] == block[e]:
+                    new_e += 1
+            grown = sum(tok[i] for i in range(new_s, new_e + 1) if ok[i])
+            if grown <= max_tokens:
+                s, e = new_s, new_e
+            for i in range(s, e + 1):
+                covered[i] = True
+        out.append(covered)
+    return _to_tensor(out, (q, length), torch.bool, labels.device)
+
+
+def cap_breaks(labels: torch.Tensor, n_tokens: torch.Tensor, max_tokens: int) -> torch.Tensor:
+    """breaks (Q, L) bool: where a new piece starts inside a labelled run when each run is packed greedily,
+    left to right, into pieces of at most `max_tokens` tokens (an oversized sentence is a piece of its own)."""
+    q, length = labels.shape
+    out: list[list[bool]] = []
+    for lab, tok in zip(_rows(labels), _rows(n_tokens), strict=True):
+        breaks = [False] * length
+        for start, end in _label_runs(lab):
+            total = tok[start]
+            for i in range(start + 1, end + 1):
+                if total + tok[i] > max_tokens:
+                    breaks[i] = True
+                    total = tok[i]
+                else:
+                    total += tok[i]
+        out.append(breaks)
+    return _to_tensor(out, (q, length), torch.bool, labels.device)
+
+
+# --------------------------------------------------------------------------------------------------- selection
+
+
+def select_chunks(
+    scores: torch.Tensor,
+    n_tokens: torch.Tensor,
+    top_k: int | None = None,
+    budget_tokens: int | None = None,
+    score_margin: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """order (Q, S) int64 by descending score (ties: lower index), chosen (Q, S) bool for the returned prefix.
+
+    Walking the order, a chunk is returned while it is present (score > -inf), among the first `top_k`,
+    scores >= best - `score_margin`, and keeps the running token total within `budget_tokens`; the first chunk
+    failing any of these ends the selection.
+    """
+    q, s = scores.shape
+    orders: list[list[int]] = []
+    chosen: list[list[bool]] = []
+    for row, tok in zip(_rows(scores), _rows(n_tokens), strict=True):
+        order = sorted(range(s), key=lambda j: (-row[j], j))
+        picked = [False] * s
+        total = 0
+        best = row[order[0]] if s else -_INF
+        for rank, j in enumerate(order):
+            if row[j] == -_INF:
+                break
+            if top_k is not None and rank >= top_k:
+                break
+            if score_margin is not None and row[j] < best - score_margin:
+                break
+            if budget_tokens is not None:
+                if total + tok[j] > budget_tokens:
+                    break
+                total += tok[j]
+            picked[rank] = True
+        orders.append(order)
+        chosen.append(picked)
+    return (
+        _to_tensor(orders, (q, s), torch.long, scores.device),
+        _to_tensor(chosen, (q, s), torch.bool, scores.device),
+    )
