@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llm-model", default="default", help="model name sent to --llm-url")
     p.add_argument("--judge-questions", type=int, default=40, help="questions sampled for generate-and-judge")
     p.add_argument("--quick", action="store_true", help=f"tiny subset ({', '.join(QUICK_CORPORA)}, 12 questions "
-                   "each) and a 2-setting QASC grid: a smoke run, not a result")
+                   "each) and a 4-setting QASC grid: a smoke run, not a result")
     p.add_argument("--grid", choices=("full", "quick"), default="full", help="QASC grid to cross-validate over")
     p.add_argument("--ks", type=_ints, default=tuple(range(1, 11)), help="top-k values (default 1..10)")
     p.add_argument("--budgets", type=_ints, default=(100, 200, 400, 800), help="token budgets (model tokens)")

@@ -245,6 +245,27 @@ class _ChatHandler(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.fixture()
+def chat_server():
+    server = HTTPServer(("127.0.0.1", 0), _ChatHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/v1"
+    server.shutdown()
+
+
+def test_agentic_chunker_and_judge_in_a_run(tmp_path, embedder, chat_server):
+    data = write_dataset(tmp_path / "data")
+    cfg = EvalConfig(data_dir=str(data), out_dir=str(tmp_path / "out"), cache_dir=str(tmp_path / "cache"),
+                     methods=("sentences", "llm-agentic"), ks=(1, 2), budgets=(20,), n_boot=20,
+                     llm_url=chat_server, judge_questions=4)
+    res = run_eval(cfg, embedder=embedder, log=lambda m: None)
+    assert "llm-agentic" in res["heldout"]
+    assert res["faithfulness"]["questions"] == 4
+    assert res["faithfulness"]["methods"]["sentences"]["mean"] == pytest.approx(75.0)
+    assert "Generate-and-judge" in (tmp_path / "out" / "report.md").read_text()
+
+
 def test_llm_client_and_judge_against_a_local_server():
     from engine.evaluation.llm import ChatClient, generate_and_judge, parse_score
 
