@@ -28,10 +28,9 @@ def chroma():
 
 @pytest.fixture(scope="module")
 def eval_embedder():
-    from engine.embedder import Embedder
-    from engine.evaluation.harness import resolve_eval_dtype
+    from engine.evaluation.harness import make_embedder
 
-    return Embedder(device="cpu", dtype=resolve_eval_dtype("cpu", "fast"))
+    return make_embedder("cpu", "fast")
 
 
 def test_recursive_200_tokens_k5_matches_chroma(chroma, eval_embedder):

@@ -245,6 +245,14 @@ def resolve_eval_dtype(device: str, dtype: str) -> str:
     return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "auto"
 
 
+def make_embedder(device: str = "cpu", dtype: str = "fast"):
+    """The eval's embedder: the default model, `dtype` resolved as by --dtype, large batches."""
+    from engine.embedder import Embedder
+
+    return Embedder(device=device, dtype=resolve_eval_dtype(device, dtype), batch_tokens=EVAL_BATCH_TOKENS,
+                    max_batch_size=EVAL_MAX_BATCH)
+
+
 def default_engine_factory(dataset: Dataset, cache: EvalCache, out_dir: Path, device: str, dtype: str, log,
                            embedder=None):
     """Ingest the corpora into a store (reused from the cache when it exists) and open the query engine.
@@ -459,10 +467,7 @@ def run_eval(cfg: EvalConfig, engine_factory: Callable | None = None, embedder=N
         f"{len(ds.questions)} questions ({sum(q.multi for q in ds.questions)} multi-reference)")
     dtype = resolve_eval_dtype(cfg.device, cfg.dtype)
     if embedder is None:
-        from engine.embedder import Embedder
-
-        embedder = Embedder(device=cfg.device, dtype=dtype, batch_tokens=EVAL_BATCH_TOKENS,
-                            max_batch_size=EVAL_MAX_BATCH)
+        embedder = make_embedder(cfg.device, dtype)
         log(f"embedder {embedder.name} on {embedder.device} in {embedder.dtype}")
     qemb = query_embeddings(embedder, ds.questions, cache)
     timings["load_and_queries"] = time.perf_counter() - t0
