@@ -10,26 +10,31 @@ SNAP_RULES = ("none", "paragraph", "section")
 
 @dataclass(frozen=True)
 class QascParams:
-    """Every knob of query-time chunking. Defaults: the frozen setting chosen by `qasc eval`."""
+    """Every knob of query-time chunking.
+
+    Defaults: the setting that leave-one-corpus-out cross-validation of `qasc eval` chose on chroma_general
+    (4 of 5 folds: p95 seeds, adaptive windows up to m=3 within 0.1 of the seed, clipped to the paragraph,
+    window-max ranking, every chunk within 0.05 of the best, at most 10). See bench/RESULTS.md.
+    """
 
     percentile: float = 95.0  # seeds: sims >= the p-th percentile tau of the row (0..100)
     min_seeds: int = 1  # the most similar sentences that are always seeds
     max_seeds: int | None = None  # at most this many seeds per query (None: no cap)
-    radius: int = 0  # window: m sentences each side (fixed), or the most it may grow (adaptive)
-    adaptive: bool = False  # grow while the neighbour's similarity stays >= the seed's threshold
+    radius: int = 3  # window: m sentences each side (fixed), or the most it may grow (adaptive)
+    adaptive: bool = True  # grow while the neighbour's similarity stays >= the seed's threshold
     threshold: float | None = None  # adaptive: absolute floor on a neighbour's similarity
-    margin: float | None = None  # adaptive: neighbour must be >= seed similarity - margin
-    clip_to_paragraph: bool = False  # windows never leave the seed's paragraph
+    margin: float | None = 0.1  # adaptive: neighbour must be >= seed similarity - margin
+    clip_to_paragraph: bool = True  # windows never leave the seed's paragraph
     decay: float = 0.3  # lambda of the decay weights exp(-lambda |i - r|)
     factor: float | None = 0.6  # keep windows scoring >= factor * tau; None: no score filter
     merge: bool = True  # merge overlapping / nearby windows into one chunk
     gap: int = 0  # windows at most `gap` sentences apart merge (0 = touching)
     snap: str = "none"  # grow chunks to whole paragraphs / sections when they fit the cap
     max_tokens: int = 512  # hard cap on a chunk's length in model tokens
-    score: str = "seed_sim"  # chunk score: best kept seed similarity, or max/mean window score
-    top_k: int | None = 1  # chunks returned per query (None: no limit)
+    score: str = "window_max"  # chunk score: best kept seed similarity, or max/mean window score
+    top_k: int | None = 10  # chunks returned per query (None: no limit)
     budget_tokens: int | None = None  # at most this many tokens returned per query
-    score_margin: float | None = None  # return only chunks scoring >= best - margin
+    score_margin: float | None = 0.05  # return only chunks scoring >= best - margin
 
     def __post_init__(self) -> None:
         problems = []

@@ -19,7 +19,11 @@ from engine.evaluation.retrieval import Hit
 from kernels.params import QascParams
 
 NEUTRAL = {"top_k": None, "budget_tokens": None, "score_margin": None}
-DEFAULTS = QascParams()
+# The grid's own starting point, spelled out so that it does not move when the engine's defaults (the
+# setting this grid chose) change: plain sentences, no adaptive growth, seed-similarity ranking.
+GRID_BASE = {"percentile": 95.0, "radius": 0, "adaptive": False, "margin": None, "clip_to_paragraph": False,
+             "score": "seed_sim"}
+DEFAULTS = QascParams(**{**GRID_BASE, **NEUTRAL})
 DEFAULT_RETRIEVAL = RetrievalConfig()
 SHORT = {"percentile": "p", "radius": "m", "decay": "lam", "factor": "f", "gap": "gap", "snap": "snap",
          "score": "score", "margin": "margin", "threshold": "thr", "max_tokens": "cap", "min_seeds": "min",
@@ -59,7 +63,7 @@ class Setting:
 
 
 def setting(retrieval: dict | None = None, **params: object) -> Setting:
-    return Setting(QascParams(**{**NEUTRAL, **params}), RetrievalConfig(**(retrieval or {})))
+    return Setting(QascParams(**{**GRID_BASE, **NEUTRAL, **params}), RetrievalConfig(**(retrieval or {})))
 
 
 # The declared grid: every combination of these axes (windows as whole bundles, so that e.g. a margin is
