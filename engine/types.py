@@ -35,7 +35,7 @@ class Sentences:
         return len(self.char_start)
 
     def texts(self) -> list[str]:
-        return [self.text[s:e] for s, e in zip(self.char_start.tolist(), self.char_end.tolist())]
+        return [self.text[s:e] for s, e in zip(self.char_start.tolist(), self.char_end.tolist(), strict=True)]
 
     def with_tokens(self, n_tokens: np.ndarray) -> Sentences:
         return Sentences(

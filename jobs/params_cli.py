@@ -66,7 +66,8 @@ def add_qasc_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, dest=f.name, default=UNSET, action=argparse.BooleanOptionalAction,
                                help=QASC_HELP[f.name])
         else:
-            extra = {"choices": SNAP_RULES} if f.name == "snap" else {"choices": SCORE_RULES} if f.name == "score" else {}
+            choices = {"snap": SNAP_RULES, "score": SCORE_RULES}.get(f.name)
+            extra = {"choices": choices} if choices else {}
             names = [flag, "-m"] if f.name == "radius" else [flag]
             group.add_argument(*names, dest=f.name, default=UNSET, type=_flag_type(f.name, default),
                                help=f"{QASC_HELP[f.name]} (default {default})", **extra)
@@ -79,7 +80,8 @@ def add_qasc_arguments(parser: argparse.ArgumentParser) -> None:
 def params_from_args(args: argparse.Namespace, base: QascParams, base_retrieval: RetrievalConfig):
     """args -> (QascParams, RetrievalConfig): flags given on the command line override the base."""
     try:
-        changes = {f.name: getattr(args, f.name) for f in fields(QascParams) if getattr(args, f.name, UNSET) is not UNSET}
+        changes = {f.name: getattr(args, f.name) for f in fields(QascParams)
+                   if getattr(args, f.name, UNSET) is not UNSET}
         params = base.replace(**changes)
         r_changes = {f.name: getattr(args, f.name) for f in fields(RetrievalConfig)
                      if getattr(args, f.name, UNSET) is not UNSET}

@@ -79,7 +79,7 @@ def read_queries(path: str) -> tuple[list[str], list[str]]:
 
 def result_rows(ids: list[str], results) -> list[dict]:
     rows = []
-    for qid, chunks in zip(ids, results):
+    for qid, chunks in zip(ids, results, strict=True):
         for rank, c in enumerate(chunks):
             rows.append({"query_id": qid, "rank": rank, "doc_id": c.doc_id, "char_start": c.char_start,
                          "char_end": c.char_end, "score": c.score, "text": c.text, "n_tokens": c.n_tokens,
@@ -127,7 +127,7 @@ def RESULTS_SCHEMA():  # noqa: N802 - a constant, built lazily so that pyarrow l
 
 def print_table(ids: list[str], questions: list[str], results, stream=None) -> None:
     stream = stream or sys.stdout
-    for qid, question, chunks in zip(ids, questions, results):
+    for qid, question, chunks in zip(ids, questions, results, strict=True):
         print(f"\n[{qid}] {question}", file=stream)
         if not chunks:
             print("    (no chunk above the thresholds)", file=stream)
@@ -152,10 +152,9 @@ def run(args: argparse.Namespace) -> int:
         raise QascError(f"--batch-size must be >= 1, got {args.batch_size}")
     started = time.perf_counter()
     if args.ray or args.ray_address:
-        from jobs.query_ray import run_query_job
-
         from engine.config import EngineConfig
         from engine.store import Store
+        from jobs.query_ray import run_query_job
 
         stored = EngineConfig.from_dict(Store.open(args.store, load_index=False).manifest.get("config", {}))
         params, retrieval = params_from_args(args, stored.qasc, stored.retrieval)

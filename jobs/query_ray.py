@@ -28,7 +28,7 @@ class QueryActor:
         ids = [str(i) for i in batch["query_id"]]
         results = self.engine.query(questions, self.params, self.retrieval)
         rows = result_rows(ids, results)
-        order = {qid: int(pos) for qid, pos in zip(ids, batch["position"])}
+        order = {qid: int(pos) for qid, pos in zip(ids, batch["position"], strict=True)}
         columns = {name: [r[name] for r in rows] for name in
                    ("query_id", "rank", "doc_id", "char_start", "char_end", "score", "text", "n_tokens",
                     "seed_ids", "sentence_start", "sentence_end")}
@@ -63,7 +63,8 @@ def run_query_job(
         import torch
 
         use_gpu = device != "cpu" and torch.cuda.is_available()
-        items = [{"position": i, "query_id": qid, "question": q} for i, (qid, q) in enumerate(zip(ids, questions))]
+        pairs = enumerate(zip(ids, questions, strict=True))
+        items = [{"position": i, "query_id": qid, "question": q} for i, (qid, q) in pairs]
         ds = ray.data.from_items(items)
         ds = ds.map_batches(
             QueryActor,

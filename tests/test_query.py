@@ -48,7 +48,7 @@ def _check_chunks(engine, results, params):
             spans.setdefault(c.doc_id, []).append((c.char_start, c.char_end))
         for doc_spans in spans.values():
             doc_spans.sort()
-            for (_, e0), (s1, _) in zip(doc_spans, doc_spans[1:]):
+            for (_, e0), (s1, _) in zip(doc_spans, doc_spans[1:], strict=False):
                 assert e0 <= s1, "chunks of one query overlap"
         if params.budget_tokens is not None:
             assert sum(c.n_tokens for c in chunks) <= params.budget_tokens
@@ -66,7 +66,7 @@ def test_spans_exact_capped_disjoint(demo_engine, params):
 def test_batch_equals_one_at_a_time(demo_engine, params):
     retrieval = RetrievalConfig(depth=6, neighbourhood=3)
     batch = demo_engine.query(QUESTIONS, params, retrieval)
-    for question, got in zip(QUESTIONS, batch):
+    for question, got in zip(QUESTIONS, batch, strict=True):
         alone = demo_engine.query([question], params, retrieval)[0]
         assert [(c.doc_id, c.char_start, c.char_end, c.seed_ids) for c in alone] == [
             (c.doc_id, c.char_start, c.char_end, c.seed_ids) for c in got
