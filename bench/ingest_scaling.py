@@ -1,8 +1,9 @@
 """Local ingest (split + embed + write + index, no Ray) at 1x, 2x, 4x corpus size: does sentences/s hold?
 
-The 1x corpus is `--kb` KB of chroma_general text (default 200 KB) from `--corpora` (default: finance and
-pubmed, the two corpora large enough for 4x without repeating text), cut into `--doc-kb` documents at line
-breaks and taken round-robin across the corpora, so every scale has the same mix; 2x and 4x extend it.
+The largest corpus is max(scales) x `--kb` KB (default 4 x 200 KB) of chroma_general text from `--corpora`
+(default: finance and pubmed, the two corpora large enough for 4x without repeating text), cut into `--doc-kb`
+documents at line breaks, one piece of each corpus per round; scale s takes every (max/s)-th round, so every
+scale samples the same stretch of every corpus (same mix, same kind of text).
 Each ingest builds a fresh store. `sentences/s` is engine.store.ingest's own figure (model load included);
 `steady sent/s` subtracts the fixed cost (model load, index, manifest), measured as the median ingest time
 of a one-sentence corpus. Runs are interleaved (1x, 2x, 4x, then again) so load drift hits all scales alike.
@@ -35,34 +36,41 @@ def pieces(text: str, size: int) -> list[str]:
     return out
 
 
-def build_corpus(folder: Path, names: list[str], total_kb: int, doc_kb: int, corpora_dir: Path) -> int:
-    """Write documents (round-robin across the corpora) until total_kb; returns the characters written."""
+def plan_rounds(names: list[str], total_kb: int, doc_kb: int, corpora_dir: Path) -> list[list[str]]:
+    """Rounds of documents (one ~doc_kb piece of each corpus per round), total_kb in all (the largest scale)."""
     cut = [pieces((corpora_dir / f"{n}.md").read_text(encoding="utf-8"), doc_kb * 1024) for n in names]
-    folder.mkdir(parents=True, exist_ok=True)
+    rounds: list[list[str]] = []
     written, i = 0, 0
     while written < total_kb * 1024:
         src = [c[i] for c in cut if i < len(c)]
         if not src:
             raise SystemExit(f"the corpora {names} hold less than {total_kb} KB")
-        for j, piece in enumerate(src):
-            left = total_kb * 1024 - written
-            if left <= 0:
-                break
-            if len(piece) > left:  # the last document is cut to size, at a line break when there is one
-                nl = piece.rfind("\n", 0, left)
-                piece = piece[: nl + 1 if nl > left // 2 else left]
-            (folder / f"doc{i:04d}_{j}.md").write_text(piece, encoding="utf-8")
-            written += len(piece)
+        rounds.append(src)
+        written += sum(len(x) for x in src)
         i += 1
+    return rounds
+
+
+def write_corpus(folder: Path, rounds: list[list[str]], stride: int) -> int:
+    """Write every `stride`-th round (so that each scale samples the whole span of every corpus alike)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = 0
+    for i, docs in enumerate(rounds[::stride]):
+        for j, text in enumerate(docs):
+            (folder / f"doc{i:04d}_{j}.md").write_text(text, encoding="utf-8")
+            written += len(text)
     return written
 
 
 def ingest_once(corpus: Path, work: Path) -> dict:
-    from engine.store import ingest
+    """One fresh local ingest; its summary plus `tokens` (model tokens of every stored sentence)."""
+    from engine.store import Store, ingest
 
     store = work / f"store-{time.monotonic_ns()}"
     try:
-        return ingest([str(corpus)], str(store), local=True, progress=False, log=lambda _m: None)
+        summary = ingest([str(corpus)], str(store), local=True, progress=False, log=lambda _m: None)
+        summary["tokens"] = int(sum(int(d.n_tokens.sum()) for d in Store.open(store, load_index=False).docs))
+        return summary
     finally:
         shutil.rmtree(store, ignore_errors=True)
 
@@ -94,7 +102,11 @@ def main(argv=None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="qasc-ingest-scaling-"))
     try:
         corpora = {s: work / f"corpus-{s}x" for s in scales}
-        chars = {s: build_corpus(corpora[s], names, args.kb * s, args.doc_kb, Path(args.corpora_dir)) for s in scales}
+        top = max(scales)
+        rounds = plan_rounds(names, args.kb * top, args.doc_kb, Path(args.corpora_dir))
+        # every (top/s)-th round; a scale that does not divide the largest takes a prefix instead
+        chars = {s: write_corpus(corpora[s], rounds, top // s) if top % s == 0 else
+                 write_corpus(corpora[s], rounds[: max(1, len(rounds) * s // top)], 1) for s in scales}
         tiny = work / "corpus-tiny"
         tiny.mkdir()
         (tiny / "one.md").write_text("One sentence only.\n", encoding="utf-8")
@@ -113,10 +125,11 @@ def main(argv=None) -> dict:
         rows = []
         for s in scales:
             secs = median([t for t, _ in runs[s]])
-            n = runs[s][0][1]["sentences"]
+            n, tok = runs[s][0][1]["sentences"], runs[s][0][1]["tokens"]
             rows.append({"scale": f"{s}x", "KB": chars[s] // 1024, "documents": runs[s][0][1]["documents"],
-                         "sentences": n, "seconds": secs, "sentences/s": n / secs,
-                         "steady sent/s": n / max(secs - fixed_s, 1e-9), "KB/s": chars[s] / 1024 / secs})
+                         "sentences": n, "tok/sent": tok / max(n, 1), "seconds": secs, "sentences/s": n / secs,
+                         "steady sent/s": n / max(secs - fixed_s, 1e-9),
+                         "steady tok/s": tok / max(secs - fixed_s, 1e-9), "KB/s": chars[s] / 1024 / secs})
         base = rows[0]["steady sent/s"]
         for r in rows:
             r["vs 1x"] = r["steady sent/s"] / base
@@ -124,8 +137,8 @@ def main(argv=None) -> dict:
         info = machine_info()
         print(f"\nlocal ingest (no Ray), corpora {names}, median of {args.repeats}; fixed cost {fixed_s:.2f} s "
               f"(one-sentence ingest); torch threads {torch.get_num_threads()}; load avg {info['load_avg']}")
-        print_table(rows, ["scale", "KB", "documents", "sentences", "seconds", "sentences/s", "steady sent/s", "KB/s",
-                           "vs 1x"])
+        print_table(rows, ["scale", "KB", "documents", "sentences", "tok/sent", "seconds", "sentences/s",
+                           "steady sent/s", "steady tok/s", "KB/s", "vs 1x"])
         record = {"bench": "ingest_scaling", "kb": args.kb, "corpora": names, "repeats": args.repeats,
                   "fixed_s": fixed_s, "spread": spread, "within_20pct": spread <= 0.2, "machine": info, "rows": rows}
         emit_json(record)

@@ -19,12 +19,17 @@ import torch
 from bench.common import emit_json, machine_info, median, peak_rss_growth, print_table, time_repeats
 from kernels.params import QascParams
 
+# every field spelled out, so that the fixed settings do not move when QascParams' defaults do
+BASE = QascParams(percentile=95.0, min_seeds=1, max_seeds=None, radius=0, adaptive=False, threshold=None, margin=None,
+                  clip_to_paragraph=False, decay=0.3, factor=0.6, merge=True, gap=0, snap="none", max_tokens=512,
+                  score="seed_sim", top_k=1, budget_tokens=None, score_margin=None)
 SETTINGS = {
-    "default": QascParams(),
-    "r3-adaptive": QascParams(percentile=90.0, radius=3, adaptive=True, margin=0.1, top_k=3),
-    "r2-snap-para": QascParams(percentile=80.0, radius=2, snap="paragraph", max_tokens=200, top_k=None),
-    "budget-mean": QascParams(percentile=85.0, radius=1, gap=1, clip_to_paragraph=True, budget_tokens=512,
-                              score="window_mean", top_k=None),
+    "default": QascParams(),  # whatever the current defaults are
+    "p95-r0-top1": BASE,
+    "r3-adaptive": BASE.replace(percentile=90.0, radius=3, adaptive=True, margin=0.1, top_k=3),
+    "r2-snap-para": BASE.replace(percentile=80.0, radius=2, snap="paragraph", max_tokens=200, top_k=None),
+    "budget-mean": BASE.replace(percentile=85.0, radius=1, gap=1, clip_to_paragraph=True, budget_tokens=512,
+                                score="window_mean", top_k=None),
 }
 
 

