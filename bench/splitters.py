@@ -172,6 +172,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pysbd-kb", type=int, default=100, help="pysbd is timed on this many KB only (superlinear)")
     p.add_argument("--no-pysbd", action="store_true", help="skip pysbd")
     p.add_argument("--max-kb", type=int, default=0, help="truncate every corpus to this many KB (0 = whole)")
+    p.add_argument("--per-corpus", action="store_true", help="also print the boundary share per corpus")
     p.add_argument("--quick", action="store_true", help="tiny run: 20 KB per corpus, 1 repeat, pysbd on 5 KB")
     args = p.parse_args(argv)
     if args.quick:
@@ -190,9 +191,13 @@ def main(argv=None) -> dict:
     splitters = dict(SPLITTERS)
     if not args.no_pysbd:
         splitters["pysbd (per block)"] = per_block(pysbd_split)
-    rows = []
+    rows, per_corpus = [], []
     for name, split in splitters.items():
         spans = {doc: split(t) for doc, t in texts.items()}  # warm-up and the spans for quality
+        if args.per_corpus:
+            per_corpus.append({"splitter": name, **{doc: quality({doc: texts[doc]}, {doc: spans[doc]},
+                                                                 [r for r in refs if r[0] == doc])["boundary"]
+                                                    for doc in texts}})
         sec = median(time_repeats(lambda s=split: [s(t) for t in texts.values()], args.repeats, warmup=0))
         n_sent = sum(len(v) for v in spans.values())
         rows.append({"splitter": name, "MB/s": n_bytes / 2**20 / sec, "timed on KB": n_bytes // 1024,
@@ -209,9 +214,12 @@ def main(argv=None) -> dict:
           f"load avg {info['load_avg']}")
     print_table(rows, ["splitter", "MB/s", "timed on KB", "sentences", "refs", "boundary", "strict", "start", "end",
                        "sents/span"])
+    if per_corpus:
+        print_table(per_corpus, title="boundary share per corpus")
     best = max((r for r in rows if r["refs"] != "-"), key=lambda r: r["boundary"])
     record = {"bench": "splitters", "mb": n_bytes / 2**20, "refs": len(refs), "repeats": args.repeats,
-              "best_boundary": best["splitter"], "machine": info, "rows": rows}
+              "best_boundary": best["splitter"], "machine": info, "rows": rows,
+              "per_corpus": per_corpus}
     emit_json(record)
     return record
 
