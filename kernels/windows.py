@@ -72,7 +72,8 @@ def decay_window_scores(
     if length == 0:
         return sims.clone()
     idx = positions_like(sims)
-    radius = int(torch.clamp(torch.maximum(idx - starts, ends - idx), min=0).max().item()) if seeds.any() else 0
+    reach = torch.where(seeds, torch.maximum(idx - starts, ends - idx), torch.zeros_like(idx))  # seeds only
+    radius = int(reach.clamp(min=0).max().item()) if seeds.any() else 0
     radius = min(radius, length)
     offsets = torch.arange(-radius, radius + 1, device=sims.device)
     weights = torch.exp(-decay * offsets.abs().to(sims.dtype))  # (2R+1,)
