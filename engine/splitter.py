@@ -96,7 +96,8 @@ def _cut_long(text: str, start: int, end: int, max_chars: int) -> list[tuple[int
     return pieces
 
 
-def _trim(text: str, start: int, end: int) -> tuple[int, int]:
+def trim_span(text: str, start: int, end: int) -> tuple[int, int]:
+    """[start, end) shrunk until it neither starts nor ends with whitespace."""
     while start < end and text[start].isspace():
         start += 1
     while end > start and text[end - 1].isspace():
@@ -123,7 +124,7 @@ def split_sentences(text: str, doc_id: str = "doc", config: SplitterConfig | Non
         spans = [(0, len(block))] if is_heading else tokenizer.span_tokenize(block)
         for s, e in spans:
             for ps, pe in _cut_long(text, b_start + s, b_start + e, config.max_chars):
-                ps, pe = _trim(text, ps, pe)
+                ps, pe = trim_span(text, ps, pe)
                 if pe > ps:
                     starts.append(ps)
                     ends.append(pe)

@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 from engine import index as faiss_index
 from engine.config import EngineConfig
 from engine.errors import QascError
-from engine.splitter import SplitterConfig, split_sentences
+from engine.splitter import SplitterConfig, split_sentences, trim_span
 from engine.types import Sentences
 
 FORMAT = "qasc-store"
@@ -505,14 +505,6 @@ def count_tokens(tokenizer, texts: list[str]) -> np.ndarray:
     return np.fromiter((len(ids) for ids in enc["input_ids"]), dtype=np.int32, count=len(texts))
 
 
-def _trim(text: str, start: int, end: int) -> tuple[int, int]:
-    while start < end and text[start].isspace():
-        start += 1
-    while end > start and text[end - 1].isspace():
-        end -= 1
-    return start, end
-
-
 def _cut_at_tokens(text: str, start: int, end: int, offsets: Sequence[tuple[int, int]],
                    limit: int) -> list[tuple[int, int]]:
     """[start, end) with token offsets (relative to start) -> pieces of <= limit tokens, cut before a token.
@@ -531,7 +523,7 @@ def _cut_at_tokens(text: str, start: int, end: int, offsets: Sequence[tuple[int,
         i = j
     pieces = []
     for a, b in zip(cuts, cuts[1:] + [end], strict=True):
-        a, b = _trim(text, a, b)
+        a, b = trim_span(text, a, b)
         if b > a:
             pieces.append((a, b))
     return pieces
