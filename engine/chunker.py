@@ -38,7 +38,8 @@ def chunk_sentences(
     para = torch.as_tensor(sents.paragraph, dtype=torch.long, device=device).expand(q, n)
     sect = torch.as_tensor(sents.section, dtype=torch.long, device=device).expand(q, n)
     ntok = torch.as_tensor(sents.n_tokens, dtype=torch.long, device=device).expand(q, n)
-    batch = run_qasc(sims, valid, zeros, para, sect, ntok, config.qasc)
+    emb = sent_emb.to(device).expand(q, n, sent_emb.shape[-1]) if n else torch.zeros((q, 0, 1), device=device)
+    batch = run_qasc(sims, valid, zeros, para, sect, ntok, config.qasc, embeddings=emb)
     return assemble_chunks(batch, [sents], zeros, positions)
 
 

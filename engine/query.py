@@ -137,7 +137,8 @@ class Engine:
         sims = (gathered * query_emb[:, None, :].to(gathered.dtype)).sum(-1)  # (Q, L)
         sims = torch.where(cand.valid, sims, torch.zeros_like(sims))
         batch = run_qasc(
-            sims, cand.valid, cand.region, self.paragraph[rows], self.section[rows], self.n_tokens[rows], params
+            sims, cand.valid, cand.region, self.paragraph[rows], self.section[rows], self.n_tokens[rows], params,
+            embeddings=gathered,
         )
         return batch, cand
 

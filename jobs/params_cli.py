@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from engine.config import RetrievalConfig
 from engine.errors import QascError
-from kernels.params import SCORE_RULES, SNAP_RULES, QascParams
+from kernels.params import EXTENT_RULES, SCORE_RULES, SNAP_RULES, QascParams
 
 QASC_HELP = {
     "percentile": "seed threshold tau = this percentile (0..100) of the query's candidate similarities",
@@ -18,6 +18,11 @@ QASC_HELP = {
     "threshold": "adaptive window: absolute floor on a neighbour's similarity",
     "margin": "adaptive window: neighbour must score >= seed similarity - margin",
     "clip_to_paragraph": "windows never leave the seed's paragraph",
+    "extent": f"how a chunk's extent is chosen: {', '.join(EXTENT_RULES)} (pooled: the best runs of up to "
+              "--max-extent sentences by the cosine of their summed embeddings; windows/decay/factor unused)",
+    "max_extent": "pooled extents: longest run of sentences scored as one candidate",
+    "extent_penalty": "pooled extents: score penalty per sentence beyond the first",
+    "max_picks": "pooled extents: at most this many non-overlapping runs picked per query",
     "decay": "lambda of the window weights exp(-lambda*|i-r|)",
     "factor": "keep windows scoring >= factor * tau ('none' disables the filter)",
     "merge": "merge overlapping / nearby windows into one chunk",
@@ -66,7 +71,7 @@ def add_qasc_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, dest=f.name, default=UNSET, action=argparse.BooleanOptionalAction,
                                help=QASC_HELP[f.name])
         else:
-            choices = {"snap": SNAP_RULES, "score": SCORE_RULES}.get(f.name)
+            choices = {"snap": SNAP_RULES, "score": SCORE_RULES, "extent": EXTENT_RULES}.get(f.name)
             extra = {"choices": choices} if choices else {}
             names = [flag, "-m"] if f.name == "radius" else [flag]
             group.add_argument(*names, dest=f.name, default=UNSET, type=_flag_type(f.name, default),

@@ -4,6 +4,7 @@ No I/O, no model, no Ray: every function maps tensors to tensors on the device o
 `kernels.reference` holds a slow, loop-based twin of each function for the tests.
 """
 
+from kernels.extents import pick_extents, pooled_extent_scores
 from kernels.merging import coverage, fill_gaps, label_segments, segment_scores, segment_spans, segment_sums
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
@@ -23,6 +24,8 @@ __all__ = [
     "keep_windows",
     "label_segments",
     "percentile_seeds",
+    "pick_extents",
+    "pooled_extent_scores",
     "percentile_threshold",
     "run_qasc",
     "segment_scores",

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 
 SCORE_RULES = ("seed_sim", "window_max", "window_mean")
 SNAP_RULES = ("none", "paragraph", "section")
+EXTENT_RULES = ("window", "pooled")
 
 
 @dataclass(frozen=True)
@@ -25,10 +26,14 @@ class QascParams:
     threshold: float | None = None  # adaptive: absolute floor on a neighbour's similarity
     margin: float | None = 0.1  # adaptive: neighbour must be >= seed similarity - margin
     clip_to_paragraph: bool = True  # windows never leave the seed's paragraph
+    extent: str = "window"  # window: seed + (adaptive) window; pooled: best runs by pooled-embedding cosine
+    max_extent: int = 3  # pooled: longest run of sentences scored as one candidate extent
+    extent_penalty: float = 0.0  # pooled: subtracted from a run's score per sentence beyond the first
+    max_picks: int = 10  # pooled: at most this many non-overlapping runs picked per query
     decay: float = 0.3  # lambda of the decay weights exp(-lambda |i - r|)
     factor: float | None = 0.6  # keep windows scoring >= factor * tau; None: no score filter
-    merge: bool = True  # merge overlapping / nearby windows into one chunk
-    gap: int = 0  # windows at most `gap` sentences apart merge (0 = touching)
+    merge: bool = True  # merge overlapping / nearby windows into one chunk (window extents only)
+    gap: int = 0  # windows at most `gap` sentences apart merge (0 = touching; window extents only)
     snap: str = "none"  # grow chunks to whole paragraphs / sections when they fit the cap
     max_tokens: int = 512  # hard cap on a chunk's length in model tokens
     score: str = "window_max"  # chunk score: best kept seed similarity, or max/mean window score
@@ -54,6 +59,14 @@ class QascParams:
             problems.append(f"gap must be >= 0, got {self.gap}")
         if self.snap not in SNAP_RULES:
             problems.append(f"snap must be one of {SNAP_RULES}, got {self.snap!r}")
+        if self.extent not in EXTENT_RULES:
+            problems.append(f"extent must be one of {EXTENT_RULES}, got {self.extent!r}")
+        if self.max_extent < 1:
+            problems.append(f"max_extent must be >= 1, got {self.max_extent}")
+        if self.extent_penalty < 0:
+            problems.append(f"extent_penalty must be >= 0, got {self.extent_penalty}")
+        if self.max_picks < 1:
+            problems.append(f"max_picks must be >= 1, got {self.max_picks}")
         if self.score not in SCORE_RULES:
             problems.append(f"score must be one of {SCORE_RULES}, got {self.score!r}")
         if self.max_tokens < 1:

@@ -7,7 +7,7 @@ from types import ModuleType
 
 import torch
 
-from kernels import merging, seeding, selection, snapping, windows
+from kernels import extents, merging, seeding, selection, snapping, windows
 from kernels.params import QascParams
 from kernels.runs import combine_keys, region_keys
 
@@ -29,6 +29,8 @@ class FastOps:
     snap_to_blocks = staticmethod(snapping.snap_to_blocks)
     cap_breaks = staticmethod(snapping.cap_breaks)
     select_chunks = staticmethod(selection.select_chunks)
+    pooled_extent_scores = staticmethod(extents.pooled_extent_scores)
+    pick_extents = staticmethod(extents.pick_extents)
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,13 @@ def run_qasc(
     n_tokens: torch.Tensor,
     params: QascParams,
     ops: ModuleType | FastOps | None = None,
+    embeddings: torch.Tensor | None = None,
 ) -> QascBatch:
     """sims (Q, L) float, valid (Q, L) bool, region/paragraph/section ids and n_tokens (Q, L) int64 -> QascBatch.
 
     A row is one query's candidate text: one or more regions (runs of equal region id: a document or a
-    neighbourhood inside one) laid end to end; nothing ever crosses a region boundary.
+    neighbourhood inside one) laid end to end; nothing ever crosses a region boundary. `embeddings`
+    (Q, L, D) float, the sentence vectors behind `sims`, are needed by params.extent == "pooled" only.
     """
     ops = ops or FastOps()
     p = params
@@ -74,41 +78,57 @@ def run_qasc(
     region = region_keys(region_ids, valid)
     tau, seeds = ops.percentile_seeds(sims, valid, p.percentile, p.min_seeds, p.max_seeds)
     window_keys = combine_keys(region, paragraph_ids) if p.clip_to_paragraph else region
-    threshold = None
-    if p.adaptive:
-        threshold = torch.full_like(sims, float("-inf"))
-        if p.threshold is not None:
-            threshold = torch.full_like(sims, p.threshold)
-        if p.margin is not None:
-            threshold = torch.maximum(threshold, sims - p.margin)
-    starts, ends = ops.expand_windows(sims, valid, seeds, window_keys, p.radius, threshold)
-    win_scores = ops.decay_window_scores(sims, valid, seeds, starts, ends, p.decay)
-    kept = ops.keep_windows(win_scores, seeds, tau, p.factor)
-    # the most similar seed always survives the score filter: a query with candidates gets an answer
-    if sims.shape[1] > 0:  # amax over an empty row dimension raises
-        best = seeds & (sims == torch.where(seeds, sims, float("-inf")).amax(dim=1, keepdim=True))
-        first_best = best & (best.long().cumsum(dim=1) == 1)
-        kept = kept | first_best
-    seed_values = sims if p.score == "seed_sim" else win_scores
-    how = "mean" if p.score == "window_mean" else "max"
+    if p.extent == "pooled":
+        if embeddings is None:
+            raise ValueError("extent='pooled' needs the sentence embeddings (Q, L, D)")
+        runs = ops.pooled_extent_scores(sims, embeddings, valid, window_keys, seeds, p.max_extent, p.extent_penalty)
+        pick_id, seed_values = ops.pick_extents(runs, p.max_picks, p.score_margin)
+        kept = pick_id >= 0  # every picked sentence; its value is its run's score
+        how = "max"
+        pick_starts = kept.clone()
+        if kept.shape[1] > 1:
+            pick_starts[:, 1:] &= pick_id[:, 1:] != pick_id[:, :-1]
+    else:
+        threshold = None
+        if p.adaptive:
+            threshold = torch.full_like(sims, float("-inf"))
+            if p.threshold is not None:
+                threshold = torch.full_like(sims, p.threshold)
+            if p.margin is not None:
+                threshold = torch.maximum(threshold, sims - p.margin)
+        starts, ends = ops.expand_windows(sims, valid, seeds, window_keys, p.radius, threshold)
+        win_scores = ops.decay_window_scores(sims, valid, seeds, starts, ends, p.decay)
+        kept = ops.keep_windows(win_scores, seeds, tau, p.factor)
+        # the most similar seed always survives the score filter: a query with candidates gets an answer
+        if sims.shape[1] > 0:  # amax over an empty row dimension raises
+            best = seeds & (sims == torch.where(seeds, sims, float("-inf")).amax(dim=1, keepdim=True))
+            first_best = best & (best.long().cumsum(dim=1) == 1)
+            kept = kept | first_best
+        seed_values = sims if p.score == "seed_sim" else win_scores
+        how = "mean" if p.score == "window_mean" else "max"
 
-    if p.merge:
-        covered = ops.coverage(kept, starts, ends)
-        covered = ops.fill_gaps(covered, region, valid, p.gap)
-        labels, count = ops.label_segments(covered, region, valid)
+    if p.merge or p.extent == "pooled":
+        if p.extent == "pooled":  # picks are disjoint runs, each its own chunk (merging would grow the best
+            covered = kept  # pick by its weaker neighbours); gap filling does not apply
+            labels, count = ops.label_segments(covered, region, valid, breaks=pick_starts)
+        else:
+            covered = ops.fill_gaps(ops.coverage(kept, starts, ends), region, valid, p.gap)
+            labels, count = ops.label_segments(covered, region, valid)
         if p.snap != "none":
             blocks = paragraph_ids if p.snap == "paragraph" else section_ids
             n_seg = int(count.max()) if count.numel() else 0
             covered = ops.snap_to_blocks(labels, n_seg, region, blocks, valid, n_tokens, p.max_tokens)
             labels, count = ops.label_segments(covered, region, valid)
         breaks = ops.cap_breaks(labels, n_tokens, p.max_tokens)
+        if p.extent == "pooled" and p.snap == "none":
+            breaks = breaks | pick_starts
         labels, count = ops.label_segments(labels >= 0, region, valid, breaks)
     else:  # ablation: every kept window is its own chunk; windows over the cap shrink to the seed
         labels, count = ops.label_segments(kept, region, valid, breaks=kept)
         count = kept.sum(dim=1)
     n_seg = int(count.max()) if count.numel() else 0
     scores = ops.segment_scores(labels, seed_values, kept, n_seg, how)
-    if p.merge:
+    if p.merge or p.extent == "pooled":
         seg_start, seg_end = ops.segment_spans(labels, n_seg)
         seg_tokens = ops.segment_sums(labels, torch.where(valid, n_tokens, 0), n_seg)
     else:

@@ -405,6 +405,86 @@ def cap_breaks(labels: torch.Tensor, n_tokens: torch.Tensor, max_tokens: int) ->
     return _to_tensor(out, (q, length), torch.bool, labels.device)
 
 
+# --------------------------------------------------------------------------------------------------- extents
+
+
+def _round(x: float, dtype: torch.dtype) -> float:
+    """x rounded to `dtype` (each step of the pooled cosine is rounded like the tensor op it mirrors)."""
+    return torch.tensor(x, dtype=dtype).item()
+
+
+def pooled_extent_scores(
+    sims: torch.Tensor,
+    embeddings: torch.Tensor,
+    valid: torch.Tensor,
+    segment_ids: torch.Tensor,
+    seeds: torch.Tensor,
+    max_len: int,
+    penalty: float = 0.0,
+) -> torch.Tensor:
+    """scores (Q, L, max_len): cosine of the query with the summed embeddings of each run of n sentences
+    starting at a (sims summed left to right), minus penalty * (n - 1); -inf unless the run stays in one
+    segment and holds a seed."""
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    q, length = sims.shape
+    dtype = sims.dtype
+    out = [[[-_INF] * max_len for _ in range(length)] for _ in range(q)]
+    emb = embeddings.to(dtype)
+    for b, (row, ok, keys, seed) in enumerate(zip(_rows(sims), _rows(valid), _rows(segment_ids), _rows(seeds),
+                                                   strict=True)):
+        seg = _segment_ids(keys, ok)
+        vectors = emb[b].tolist()
+        for a in range(length):
+            for n in range(1, max_len + 1):
+                run = list(range(a, a + n))
+                if run[-1] >= length or seg[a] is None or any(seg[i] != seg[a] for i in run):
+                    continue
+                if not any(seed[i] for i in run):
+                    continue
+                total = 0.0
+                pooled = [0.0] * emb.shape[-1]
+                for i in run:
+                    total = _round(total + row[i], dtype)
+                    pooled = [_round(p + v, dtype) for p, v in zip(pooled, vectors[i], strict=True)]
+                norm = torch.linalg.vector_norm(torch.tensor(pooled, dtype=dtype)).item()
+                cos = _round(total / norm, dtype) if norm > 0 else 0.0
+                out[b][a][n - 1] = _round(cos - _round(penalty * (n - 1), dtype), dtype)
+    return _to_tensor(out, (q, length, max_len), dtype, sims.device)
+
+
+def pick_extents(
+    scores: torch.Tensor, max_picks: int, margin: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """pick_id (Q, L) int64, value (Q, L) float: greedy best-first non-overlapping runs (ties: lower start,
+    then shorter), at most `max_picks`, each >= first pick - margin; -1 / -inf where no pick covers."""
+    q, length, m = scores.shape
+    ids: list[list[int]] = []
+    values: list[list[float]] = []
+    for row in scores.tolist():
+        cands = sorted(((row[a][n], a, n + 1) for a in range(length) for n in range(m)
+                        if row[a][n] > -_INF and a + n < length), key=lambda c: (-c[0], c[1], c[2]))
+        pid = [-1] * length
+        val = [-_INF] * length
+        taken = 0
+        first = None
+        for score, a, n in cands:
+            if taken >= max_picks:
+                break
+            if any(pid[i] >= 0 for i in range(a, a + n)):
+                continue
+            first = score if first is None else first
+            if margin is not None and score < first - margin:
+                break
+            for i in range(a, a + n):
+                pid[i], val[i] = taken, score
+            taken += 1
+        ids.append(pid)
+        values.append(val)
+    return (_to_tensor(ids, (q, length), torch.long, scores.device),
+            _to_tensor(values, (q, length), scores.dtype, scores.device))
+
+
 # --------------------------------------------------------------------------------------------------- selection
 
 

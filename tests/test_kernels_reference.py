@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kernels  # noqa: E402
 import kernels.reference as ref  # noqa: E402
-from kernels.params import SCORE_RULES, SNAP_RULES, QascParams  # noqa: E402
+from kernels.params import EXTENT_RULES, SCORE_RULES, SNAP_RULES, QascParams  # noqa: E402
 from kernels.pipeline import run_qasc  # noqa: E402
 
 F64 = torch.float64
@@ -40,6 +40,7 @@ def budget(n: int) -> settings:
 
 SETTINGS = budget(150)
 GRID = [k / 8 for k in range(-8, 9)]
+DIM = 3  # sentence vectors in the random batches: eighths, so that every sum of a few is exact
 
 
 # --------------------------------------------------------------------------------------------------- strategies
@@ -69,7 +70,7 @@ def batches(draw: st.DrawFn, max_q: int = 5, max_l: int = 24) -> dict[str, torch
         values = draw(st.lists(st.sampled_from(GRID), min_size=1, max_size=3, unique=True))
     all_empty = draw(st.integers(0, 9)) == 0
     ordered_regions = draw(st.booleans())
-    rows: dict[str, list] = {k: [] for k in ("sims", "valid", "region", "paragraph", "section", "tokens")}
+    rows: dict[str, list] = {k: [] for k in ("sims", "valid", "region", "paragraph", "section", "tokens", "emb")}
     for _ in range(q):
         n_valid = 0 if all_empty else draw(st.one_of(st.just(length), st.just(0), st.integers(0, length)))
         rows["sims"].append(draw(st.lists(st.sampled_from(values), min_size=length, max_size=length)))
@@ -78,6 +79,7 @@ def batches(draw: st.DrawFn, max_q: int = 5, max_l: int = 24) -> dict[str, torch
         rows["paragraph"].append(draw(run_row(length, False)))
         rows["section"].append(draw(run_row(length, True)))
         rows["tokens"].append(draw(st.lists(st.integers(1, 60), min_size=length, max_size=length)))
+        rows["emb"].append(draw(st.lists(st.sampled_from(GRID), min_size=length * DIM, max_size=length * DIM)))
 
     def as_tensor(name: str, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(rows[name], dtype=dtype).reshape(q, length)
@@ -89,6 +91,7 @@ def batches(draw: st.DrawFn, max_q: int = 5, max_l: int = 24) -> dict[str, torch
         "paragraph": as_tensor("paragraph", torch.long),
         "section": as_tensor("section", torch.long),
         "tokens": as_tensor("tokens", torch.long),
+        "emb": torch.tensor(rows["emb"], dtype=F64).reshape(q, length, DIM),
     }
 
 
@@ -142,6 +145,10 @@ def qasc_params(draw: st.DrawFn) -> QascParams:
         top_k=draw(st.one_of(st.none(), st.integers(1, 5))),
         budget_tokens=draw(st.one_of(st.none(), st.integers(1, 400))),
         score_margin=draw(st.one_of(st.none(), st.sampled_from([0.0, 0.125, 0.25, 0.5]))),
+        extent=draw(st.sampled_from(EXTENT_RULES)),
+        max_extent=draw(st.integers(1, 5)),
+        extent_penalty=draw(st.sampled_from([0.0, 0.125, 0.5])),
+        max_picks=draw(st.integers(1, 6)),
     )
 
 
@@ -159,7 +166,8 @@ def assert_same(fast: torch.Tensor, slow: torch.Tensor) -> None:
 
 
 def run_both(b: dict[str, torch.Tensor], params: QascParams, ops=None):
-    return run_qasc(b["sims"], b["valid"], b["region"], b["paragraph"], b["section"], b["tokens"], params, ops=ops)
+    return run_qasc(b["sims"], b["valid"], b["region"], b["paragraph"], b["section"], b["tokens"], params, ops=ops,
+                    embeddings=b.get("emb"))
 
 
 def chosen_chunks(batch, q: int) -> list[tuple[int, int, int, float]]:
@@ -382,6 +390,64 @@ def test_select_chunks(data: st.DataObject) -> None:
 # --------------------------------------------------------------------------------------------------- pipeline
 
 
+
+# --------------------------------------------------------------------------------------------------- extents
+
+
+@SETTINGS
+@given(data=st.data())
+def test_pooled_extent_scores(data: st.DataObject) -> None:
+    b = data.draw(batches())
+    seeds = data.draw(masks(tuple(b["sims"].shape), within=b["valid"]))
+    segments = b[data.draw(st.sampled_from(["region", "paragraph"]))]
+    max_len = data.draw(st.integers(1, 6))
+    penalty = data.draw(st.sampled_from([0.0, 0.125, 0.3]))
+    fast = kernels.pooled_extent_scores(b["sims"], b["emb"], b["valid"], segments, seeds, max_len, penalty)
+    slow = ref.pooled_extent_scores(b["sims"], b["emb"], b["valid"], segments, seeds, max_len, penalty)
+    assert_same(fast, slow)
+    assert torch.equal(fast, slow)  # exact sums, correctly rounded norm and division: bit for bit
+
+
+@SETTINGS
+@given(data=st.data())
+def test_pick_extents(data: st.DataObject) -> None:
+    b = data.draw(batches())
+    q, length = b["sims"].shape
+    m = data.draw(st.integers(1, 4))
+    cells = data.draw(st.lists(st.sampled_from([*GRID, float("-inf")]), min_size=q * length * m,
+                               max_size=q * length * m))
+    scores = torch.tensor(cells, dtype=F64).reshape(q, length, m)
+    max_picks = data.draw(st.integers(1, 8))
+    margin = data.draw(st.one_of(st.none(), st.sampled_from([0.0, 0.125, 0.5])))
+    fast = kernels.pick_extents(scores, max_picks, margin)
+    slow = ref.pick_extents(scores, max_picks, margin)
+    for f, s in zip(fast, slow, strict=True):
+        assert_same(f, s)
+    ids = fast[0]
+    assert bool((ids < max_picks).all())
+    for row in ids.tolist():  # every pick is one contiguous run
+        for t in set(row) - {-1}:
+            where = [i for i, v in enumerate(row) if v == t]
+            assert where == list(range(where[0], where[-1] + 1))
+
+
+def test_pooled_extent_prefers_a_run_that_answers_together() -> None:
+    """Two sentences that each hold half of the query's direction pool into a run closer than either alone;
+    a sentence that matches alone stays a sentence."""
+    query = torch.tensor([1.0, 1.0, 0.0], dtype=F64) / 2**0.5
+    emb = torch.tensor([[[0.0, 0.0, 1.0], [0.8, 0.0, 0.6], [0.0, 0.8, 0.6], [0.0, 0.0, 1.0],
+                         [0.7071067811865476, 0.7071067811865476, 0.0], [0.0, 0.0, 1.0]]], dtype=F64)
+    sims = (emb * query).sum(-1)
+    valid = torch.ones((1, 6), dtype=torch.bool)
+    region = torch.tensor([[0, 0, 0, 0, 1, 1]])
+    scores = kernels.pooled_extent_scores(sims, emb, valid, region, valid, 3)
+    assert scores[0, 1, 1] > scores[0, 1, 0] and scores[0, 1, 1] > scores[0, 2, 0]  # [1, 2] beats 1 or 2
+    assert torch.isinf(scores[0, 3, 1])  # [3, 4] crosses the region boundary
+    ids, value = kernels.pick_extents(scores, 2)
+    assert ids[0].tolist() == [-1, 1, 1, -1, 0, -1]  # the exact sentence 4 first, then the pair [1, 2]
+    assert value[0, 4] == pytest.approx(1.0)
+
+
 def test_reference_has_every_op() -> None:
     from kernels.pipeline import FastOps
 
@@ -461,6 +527,7 @@ def test_pipeline_all_rows_empty(q: int) -> None:
         "paragraph": torch.zeros((q, length), dtype=torch.long),
         "section": torch.zeros((q, length), dtype=torch.long),
         "tokens": torch.ones((q, length), dtype=torch.long),
+        "emb": torch.zeros((q, length, DIM), dtype=F64),
     }
     for ops in (None, ref):
         out = run_both(b, QascParams(), ops=ops)

@@ -22,12 +22,13 @@ NEUTRAL = {"top_k": None, "budget_tokens": None, "score_margin": None}
 # The grid's own starting point, spelled out so that it does not move when the engine's defaults (the
 # setting this grid chose) change: plain sentences, no adaptive growth, seed-similarity ranking.
 GRID_BASE = {"percentile": 95.0, "radius": 0, "adaptive": False, "margin": None, "clip_to_paragraph": False,
-             "score": "seed_sim"}
+             "score": "seed_sim", "extent": "window"}
 DEFAULTS = QascParams(**{**GRID_BASE, **NEUTRAL})
 DEFAULT_RETRIEVAL = RetrievalConfig()
 SHORT = {"percentile": "p", "radius": "m", "decay": "lam", "factor": "f", "gap": "gap", "snap": "snap",
          "score": "score", "margin": "margin", "threshold": "thr", "max_tokens": "cap", "min_seeds": "min",
-         "max_seeds": "max", "clip_to_paragraph": "clip", "adaptive": "adaptive", "merge": "merge"}
+         "max_seeds": "max", "clip_to_paragraph": "clip", "adaptive": "adaptive", "merge": "merge",
+         "extent": "extent", "max_extent": "runs", "extent_penalty": "pen", "max_picks": "picks"}
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,15 @@ WINDOWS = (
     {"radius": 2, "clip_to_paragraph": True},
     {"radius": 3, "adaptive": True, "margin": 0.05, "clip_to_paragraph": True},
     {"radius": 3, "adaptive": True, "margin": 0.10, "clip_to_paragraph": True},
+    # query-adaptive extents: the best runs of up to 2 / 3 sentences by pooled-embedding cosine
+    {"extent": "pooled", "max_extent": 2, "clip_to_paragraph": True},
+    {"extent": "pooled", "max_extent": 3, "clip_to_paragraph": True},
+    {"extent": "pooled", "max_extent": 3, "clip_to_paragraph": False},
 )
 # Seeding bundles: the percentile rule alone (few seeds: precise top-k), or at least 16 seeds (the most
 # similar candidates), which lets a query return enough chunks to fill the larger token budgets.
 SEEDING = (
+    {"percentile": 75.0, "min_seeds": 1},  # pooled extents only: every run holding a top-quarter sentence
     {"percentile": 95.0, "min_seeds": 1},
     {"percentile": 90.0, "min_seeds": 1},
     {"percentile": 95.0, "min_seeds": 16},
@@ -91,8 +97,8 @@ GRID_AXES: dict[str, Sequence] = {
                   {"depth": 16, "neighbourhood": 4}),
 }
 QUICK_AXES: dict[str, Sequence] = {
-    "seeding": (SEEDING[0], SEEDING[2]),
-    "window": (WINDOWS[0], WINDOWS[3]),
+    "seeding": (SEEDING[0], SEEDING[1]),
+    "window": (WINDOWS[0], WINDOWS[3], WINDOWS[6]),
     "gap": (0,),
     "score": ("seed_sim",),
     "retrieval": ({"depth": 8, "neighbourhood": 2},),
@@ -105,8 +111,13 @@ def qasc_grid(quick: bool = False) -> list[Setting]:
     out: dict[str, Setting] = {}
     for seeding, window, gap, score, retrieval in itertools.product(*axes.values()):
         params = {**seeding, "gap": gap, "score": score, **window}
-        if score != "seed_sim" and params["radius"] == 0:
-            continue  # with m = 0 a window's score is its seed's similarity: same ranking as seed_sim
+        pooled = params.get("extent") == "pooled"
+        if score != "seed_sim" and (params.get("radius", 0) == 0 or pooled):
+            continue  # with m = 0 (or pooled runs, scored by their own cosine) `score` changes nothing
+        if pooled and gap:
+            continue  # pooled picks are chunks of their own: gap filling does not apply
+        if params["percentile"] < 90 and not pooled:
+            continue  # low percentiles only make sense as a candidate filter for pooled runs
         s = setting(retrieval, **params)
         out.setdefault(s.key(), s)
     return list(out.values())
@@ -141,12 +152,20 @@ def _widest(s: Setting) -> int:
     return max(s.params.radius, 2)
 
 
+def _pooled(s: Setting) -> bool:
+    return s.params.extent == "pooled"
+
+
 ABLATIONS: list[Ablation] = [
-    ("no window (m=0)", lambda s: s.replace(radius=0, adaptive=False, margin=None)),
-    ("fixed window (m=max(m,2), no adaptive growth)", lambda s: s.replace(radius=_widest(s), adaptive=False,
-                                                                         margin=None)),
-    ("adaptive window (margin 0.05, up to m=max(m,2))", lambda s: s.replace(radius=_widest(s), adaptive=True,
-                                                                            margin=0.05)),
+    ("sentences only (m=0, no pooled runs)", lambda s: s.replace(extent="window", radius=0, adaptive=False,
+                                                                 margin=None)),
+    ("fixed window (m=max(m,2), no adaptive growth)", lambda s: s.replace(extent="window", radius=_widest(s),
+                                                                         adaptive=False, margin=None)),
+    ("adaptive window (margin 0.05, up to m=max(m,2))", lambda s: s.replace(extent="window", radius=_widest(s),
+                                                                            adaptive=True, margin=0.05)),
+    ("pooled runs of up to 3 sentences", lambda s: s.replace(extent="pooled", max_extent=3)),
+    ("pooled runs of 1 sentence (max_extent=1)", lambda s: s.replace(max_extent=1) if _pooled(s) else None),
+    ("pooled runs without the seed filter (p=0)", lambda s: s.replace(percentile=0.0) if _pooled(s) else None),
     ("no decay (lambda=0)", lambda s: s.replace(decay=0.0)),
     ("no score filter (factor=None)", lambda s: s.replace(factor=None)),
     ("no merging (merge=False)", lambda s: s.replace(merge=False)),

@@ -1,0 +1,102 @@
+"""Query-adaptive extents: score every short run of sentences by its pooled embedding, pick the best runs.
+
+A chunk's extent is chosen per query and per hit: the candidate extents are all runs of 1..M consecutive
+sentences inside one segment (region, or paragraph when clipped) that hold at least one seed; each is
+scored by the cosine between the query and the sum of its sentence embeddings. A run of sentences that
+together answer the query scores above each of its sentences alone, a lone factoid sentence scores above
+any run that dilutes it, so the extent follows the similarity profile around each hit.
+Greedy non-overlapping picks (best first) then give the chunks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.runs import positions_like, region_keys, run_bounds
+
+
+def pooled_extent_scores(
+    sims: torch.Tensor,
+    embeddings: torch.Tensor,
+    valid: torch.Tensor,
+    segment_ids: torch.Tensor,
+    seeds: torch.Tensor,
+    max_len: int,
+    penalty: float = 0.0,
+) -> torch.Tensor:
+    """sims (Q, L) float, embeddings (Q, L, D) float, valid/seeds (Q, L) bool, segment_ids (Q, L) int64
+    -> scores (Q, L, max_len) float.
+
+    scores[q, a, n-1] = (s_a + ... + s_{a+n-1}) / ||e_a + ... + e_{a+n-1}|| - penalty * (n - 1): with
+    s_i = query . e_i and a unit query, the cosine between the query and the pooled embedding of the n
+    sentences starting at position a (0 when the pooled vector is zero). Sums run left to right.
+    -inf where the run leaves its segment (a run of equal segment ids among valid positions), passes the
+    end of the row, or holds no seed.
+    """
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    q, length = sims.shape
+    out = torch.full((q, length, max_len), float("-inf"), dtype=sims.dtype, device=sims.device)
+    if length == 0:
+        return out
+    keys = region_keys(segment_ids, valid)
+    _, run_end = run_bounds(keys)
+    idx = positions_like(sims)
+    zero = torch.zeros_like(sims)
+    emb = torch.where(valid[..., None], embeddings.to(sims.dtype), 0.0)
+    s_sum = zero.clone()
+    e_sum = torch.zeros_like(emb)
+    has_seed = torch.zeros_like(seeds)
+    for n in range(1, max_len + 1):
+        shift = n - 1  # add the sentence at a + n - 1 to every run starting at a
+        if shift >= length:
+            break
+        s_sum[:, : length - shift] += torch.where(valid, sims, zero)[:, shift:]
+        e_sum[:, : length - shift] += emb[:, shift:]
+        has_seed[:, : length - shift] |= (seeds & valid)[:, shift:]
+        norm = torch.linalg.vector_norm(e_sum, dim=-1)
+        cos = torch.where(norm > 0, s_sum / torch.where(norm > 0, norm, torch.ones_like(norm)), zero)
+        inside = valid & (keys >= 0) & (idx + shift <= run_end)
+        out[..., shift] = torch.where(inside & has_seed, cos - penalty * shift, torch.full_like(cos, float("-inf")))
+    return out
+
+
+def pick_extents(
+    scores: torch.Tensor, max_picks: int, margin: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """scores (Q, L, M) float (-inf = not a candidate) -> pick_id (Q, L) int64, value (Q, L) float.
+
+    Greedy non-overlapping selection per row, at most `max_picks` times: take the highest-scoring run
+    (ties: the lower start, then the shorter run), then drop every run that overlaps a taken one; runs past
+    the end of the row are never candidates. With
+    `margin`, only runs scoring >= the row's first pick - margin are taken. pick_id[q, i] = the order
+    (0, 1, ...) of the pick covering position i, -1 if none; value[q, i] = that pick's score, -inf if none.
+    """
+    q, length, m = scores.shape
+    pick_id = torch.full((q, length), -1, dtype=torch.long, device=scores.device)
+    value = torch.full((q, length), float("-inf"), dtype=scores.dtype, device=scores.device)
+    if length == 0 or q == 0 or m == 0:
+        return pick_id, value
+    idx = positions_like(pick_id)
+    run_len = torch.arange(1, m + 1, device=scores.device)
+    ends = idx[..., None] + run_len  # (Q, L, M) exclusive end of each run
+    avail = torch.where(ends <= length, scores, torch.full_like(scores, float("-inf")))
+    ends = ends.clamp(max=length)
+    first = None
+    for t in range(max_picks):
+        best, flat = avail.reshape(q, -1).max(dim=1)
+        live = best > float("-inf")
+        if margin is not None:
+            first = best if first is None else first
+            live &= best >= first - margin
+        if not bool(live.any()):
+            break
+        start = flat // m
+        stop = start + flat % m + 1
+        span = (idx >= start[:, None]) & (idx < stop[:, None]) & live[:, None]
+        pick_id = torch.where(span, t, pick_id)
+        value = torch.where(span, best[:, None], value)
+        taken = torch.nn.functional.pad((pick_id >= 0).long().cumsum(dim=1), (1, 0))  # (Q, L+1)
+        hit = taken.gather(1, ends.reshape(q, -1)).reshape(q, length, m) > taken[:, :length, None]
+        avail = torch.where(hit, torch.full_like(avail, float("-inf")), avail)
+    return pick_id, value
