@@ -33,6 +33,7 @@ QASC_HELP = {
     "top_k": "chunks returned per query ('none': no limit)",
     "budget_tokens": "at most this many tokens returned per query ('none': no budget)",
     "score_margin": "return only chunks scoring >= best - margin ('none': off)",
+    "focus_gap": "return only the best chunk and the chunks in its region at most N sentences away ('none': off)",
 }
 UNSET = argparse.SUPPRESS  # flag not given: keep the store's value (None from a flag means 'none')
 RETRIEVAL_HELP = {
@@ -54,7 +55,7 @@ def _optional(kind):
 def _flag_type(name: str, default):
     if isinstance(default, bool):
         return None
-    if name in ("max_seeds", "top_k", "budget_tokens"):
+    if name in ("max_seeds", "top_k", "budget_tokens", "focus_gap"):
         return _optional(int)
     if name in ("threshold", "margin", "factor", "score_margin"):
         return _optional(float)

@@ -9,7 +9,7 @@ from kernels.merging import coverage, fill_gaps, label_segments, segment_scores,
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
 from kernels.seeding import percentile_seeds, percentile_threshold
-from kernels.selection import select_chunks
+from kernels.selection import focus_on_best, select_chunks
 from kernels.snapping import cap_breaks, snap_to_blocks
 from kernels.windows import decay_window_scores, expand_windows, keep_windows
 
@@ -22,6 +22,7 @@ __all__ = [
     "expand_windows",
     "fill_gaps",
     "keep_windows",
+    "focus_on_best",
     "label_segments",
     "percentile_seeds",
     "pick_extents",

@@ -40,6 +40,7 @@ class QascParams:
     top_k: int | None = 10  # chunks returned per query (None: no limit)
     budget_tokens: int | None = None  # at most this many tokens returned per query
     score_margin: float | None = 0.05  # return only chunks scoring >= best - margin
+    focus_gap: int | None = None  # return only the best chunk and chunks <= this many sentences from it
 
     def __post_init__(self) -> None:
         problems = []
@@ -75,6 +76,8 @@ class QascParams:
             problems.append(f"top_k must be >= 1, got {self.top_k}")
         if self.budget_tokens is not None and self.budget_tokens < 1:
             problems.append(f"budget_tokens must be >= 1, got {self.budget_tokens}")
+        if self.focus_gap is not None and self.focus_gap < 0:
+            problems.append(f"focus_gap must be >= 0, got {self.focus_gap}")
         if self.score_margin is not None and self.score_margin < 0:
             problems.append(f"score_margin must be >= 0, got {self.score_margin}")
         if problems:

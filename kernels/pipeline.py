@@ -29,6 +29,7 @@ class FastOps:
     snap_to_blocks = staticmethod(snapping.snap_to_blocks)
     cap_breaks = staticmethod(snapping.cap_breaks)
     select_chunks = staticmethod(selection.select_chunks)
+    focus_on_best = staticmethod(selection.focus_on_best)
     pooled_extent_scores = staticmethod(extents.pooled_extent_scores)
     pick_extents = staticmethod(extents.pick_extents)
 
@@ -133,6 +134,9 @@ def run_qasc(
         seg_tokens = ops.segment_sums(labels, torch.where(valid, n_tokens, 0), n_seg)
     else:
         seg_start, seg_end, seg_tokens = _window_spans(kept, starts, ends, n_tokens, valid, labels, n_seg, p)
+    if p.focus_gap is not None and n_seg > 0:
+        seg_region = region.gather(1, seg_start.clamp(min=0))
+        scores = ops.focus_on_best(scores, seg_start, seg_end, seg_region, p.focus_gap)
     order, chosen = ops.select_chunks(scores, seg_tokens, p.top_k, p.budget_tokens, p.score_margin)
     k = int(chosen.sum(dim=1).max()) if chosen.numel() else 0
     order, chosen = order[:, :k], chosen[:, :k]

@@ -527,3 +527,30 @@ def select_chunks(
         _to_tensor(orders, (q, s), torch.long, scores.device),
         _to_tensor(chosen, (q, s), torch.bool, scores.device),
     )
+
+
+def focus_on_best(
+    scores: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, regions: torch.Tensor, gap: int | None
+) -> torch.Tensor:
+    """scores with -inf for chunks other than the row's best (first maximum) unless in its region with at most
+    `gap` sentences between them; unchanged for gap None."""
+    if gap is None:
+        return scores.clone()
+    if gap < 0:
+        raise ValueError(f"gap must be >= 0, got {gap}")
+    q, s = scores.shape
+    out: list[list[float]] = []
+    for row, st, en, rg in zip(_rows(scores), _rows(starts), _rows(ends), _rows(regions), strict=True):
+        if not row:
+            out.append([])
+            continue
+        b = max(range(s), key=lambda j: (row[j], -j))
+        kept = []
+        for j in range(s):
+            if j == b:
+                kept.append(row[j])
+                continue
+            between = (st[j] - en[b] - 1) if st[j] > en[b] else (st[b] - en[j] - 1)
+            kept.append(row[j] if rg[j] == rg[b] and between <= gap else -_INF)
+        out.append(kept)
+    return _to_tensor(out, (q, s), scores.dtype, scores.device)

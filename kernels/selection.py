@@ -33,3 +33,25 @@ def select_chunks(
         chosen &= toks.cumsum(dim=1) <= budget_tokens
         chosen = chosen.long().cumprod(dim=1).bool()  # stop at the first overflow
     return order, chosen
+
+
+def focus_on_best(
+    scores: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, regions: torch.Tensor, gap: int | None
+) -> torch.Tensor:
+    """scores (Q, S) float (-inf = absent), starts/ends (Q, S) int64 row positions (inclusive), regions (Q, S)
+    int64 -> scores (Q, S) with -inf for every chunk that is neither the best chunk of its row (highest score,
+    ties: lower index) nor in the best chunk's region with at most `gap` sentences between the two.
+
+    Evidence that spans several sentences tends to cluster around the best hit; this keeps the companions of
+    the best chunk and drops hits elsewhere. gap None returns the scores unchanged.
+    """
+    if gap is None or scores.shape[1] == 0:
+        return scores.clone()
+    if gap < 0:
+        raise ValueError(f"gap must be >= 0, got {gap}")
+    best = scores.argmax(dim=1, keepdim=True)  # first maximum
+    b_start, b_end, b_region = starts.gather(1, best), ends.gather(1, best), regions.gather(1, best)
+    between = torch.maximum(starts - b_end, b_start - ends) - 1  # sentences strictly between the two chunks
+    near = (regions == b_region) & (between <= gap)
+    is_best = torch.zeros_like(near).scatter(1, best, True)
+    return torch.where(near | is_best, scores, torch.full_like(scores, float("-inf")))

@@ -149,6 +149,7 @@ def qasc_params(draw: st.DrawFn) -> QascParams:
         max_extent=draw(st.integers(1, 5)),
         extent_penalty=draw(st.sampled_from([0.0, 0.125, 0.5])),
         max_picks=draw(st.integers(1, 6)),
+        focus_gap=draw(st.one_of(st.none(), st.integers(0, 4))),
     )
 
 
@@ -429,6 +430,23 @@ def test_pick_extents(data: st.DataObject) -> None:
         for t in set(row) - {-1}:
             where = [i for i, v in enumerate(row) if v == t]
             assert where == list(range(where[0], where[-1] + 1))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_focus_on_best(data: st.DataObject) -> None:
+    q = data.draw(st.integers(0, 4))
+    s = data.draw(st.integers(0, 6))
+    cells = data.draw(st.lists(st.sampled_from([*GRID, float("-inf")]), min_size=q * s, max_size=q * s))
+    scores = torch.tensor(cells, dtype=F64).reshape(q, s)
+    starts = torch.tensor(data.draw(st.lists(st.integers(0, 30), min_size=q * s, max_size=q * s))).reshape(q, s)
+    ends = starts + torch.tensor(data.draw(st.lists(st.integers(0, 3), min_size=q * s, max_size=q * s))).reshape(q, s)
+    regions = torch.tensor(data.draw(st.lists(st.integers(0, 2), min_size=q * s, max_size=q * s))).reshape(q, s)
+    gap = data.draw(st.one_of(st.none(), st.integers(0, 6)))
+    fast = kernels.focus_on_best(scores, starts, ends, regions, gap)
+    assert_same(fast, ref.focus_on_best(scores, starts, ends, regions, gap))
+    if s:  # the best chunk always survives
+        assert torch.equal(fast.max(dim=1).values, scores.max(dim=1).values)
 
 
 def test_pooled_extent_prefers_a_run_that_answers_together() -> None:

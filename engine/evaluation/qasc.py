@@ -22,13 +22,15 @@ NEUTRAL = {"top_k": None, "budget_tokens": None, "score_margin": None}
 # The grid's own starting point, spelled out so that it does not move when the engine's defaults (the
 # setting this grid chose) change: plain sentences, no adaptive growth, seed-similarity ranking.
 GRID_BASE = {"percentile": 95.0, "radius": 0, "adaptive": False, "margin": None, "clip_to_paragraph": False,
-             "score": "seed_sim", "extent": "window"}
+             "score": "seed_sim", "extent": "window", "max_extent": 3, "extent_penalty": 0.0, "max_picks": 10,
+             "focus_gap": None}
 DEFAULTS = QascParams(**{**GRID_BASE, **NEUTRAL})
 DEFAULT_RETRIEVAL = RetrievalConfig()
 SHORT = {"percentile": "p", "radius": "m", "decay": "lam", "factor": "f", "gap": "gap", "snap": "snap",
          "score": "score", "margin": "margin", "threshold": "thr", "max_tokens": "cap", "min_seeds": "min",
          "max_seeds": "max", "clip_to_paragraph": "clip", "adaptive": "adaptive", "merge": "merge",
-         "extent": "extent", "max_extent": "runs", "extent_penalty": "pen", "max_picks": "picks"}
+         "extent": "extent", "max_extent": "runs", "extent_penalty": "pen", "max_picks": "picks",
+         "focus_gap": "focus"}
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ GRID_AXES: dict[str, Sequence] = {
     "seeding": SEEDING,
     "window": WINDOWS,
     "gap": (0, 1),
+    "focus": (None, 2, 4),  # focus_gap: keep only the best chunk's neighbours (pooled extents only)
     "score": ("seed_sim", "window_max"),
     "retrieval": ({"depth": 8, "neighbourhood": 2}, {"depth": 16, "neighbourhood": 2},
                   {"depth": 16, "neighbourhood": 4}),
@@ -100,6 +103,7 @@ QUICK_AXES: dict[str, Sequence] = {
     "seeding": (SEEDING[0], SEEDING[1]),
     "window": (WINDOWS[0], WINDOWS[3], WINDOWS[6]),
     "gap": (0,),
+    "focus": (None, 4),
     "score": ("seed_sim",),
     "retrieval": ({"depth": 8, "neighbourhood": 2},),
 }
@@ -109,9 +113,11 @@ def qasc_grid(quick: bool = False) -> list[Setting]:
     """The declared grid as a list of Settings (duplicates removed, declared order kept)."""
     axes = QUICK_AXES if quick else GRID_AXES
     out: dict[str, Setting] = {}
-    for seeding, window, gap, score, retrieval in itertools.product(*axes.values()):
-        params = {**seeding, "gap": gap, "score": score, **window}
+    for seeding, window, gap, focus, score, retrieval in itertools.product(*axes.values()):
+        params = {**seeding, "gap": gap, "focus_gap": focus, "score": score, **window}
         pooled = params.get("extent") == "pooled"
+        if focus is not None and not pooled:
+            continue  # the focus rule is declared for pooled extents (it is a selection rule for both)
         if score != "seed_sim" and (params.get("radius", 0) == 0 or pooled):
             continue  # with m = 0 (or pooled runs, scored by their own cosine) `score` changes nothing
         if pooled and gap:
@@ -125,7 +131,7 @@ def qasc_grid(quick: bool = False) -> list[Setting]:
 
 # Selection rules applied to the ranked chunks of a setting: top-k, or a score margin below the best
 # (capped at 10 chunks). Each is a candidate for cross-validation alongside the setting.
-MARGINS = (0.02, 0.05, 0.10)
+MARGINS = (0.02, 0.05, 0.10, 0.15)
 
 
 def selectors(ks: Sequence[int]) -> list[str]:
@@ -166,6 +172,8 @@ ABLATIONS: list[Ablation] = [
     ("pooled runs of up to 3 sentences", lambda s: s.replace(extent="pooled", max_extent=3)),
     ("pooled runs of 1 sentence (max_extent=1)", lambda s: s.replace(max_extent=1) if _pooled(s) else None),
     ("pooled runs without the seed filter (p=0)", lambda s: s.replace(percentile=0.0) if _pooled(s) else None),
+    ("no focus on the best chunk (focus_gap=None)", lambda s: s.replace(focus_gap=None)),
+    ("focus on the best chunk (focus_gap=4)", lambda s: s.replace(focus_gap=4)),
     ("no decay (lambda=0)", lambda s: s.replace(decay=0.0)),
     ("no score filter (factor=None)", lambda s: s.replace(factor=None)),
     ("no merging (merge=False)", lambda s: s.replace(merge=False)),
