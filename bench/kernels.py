@@ -1,7 +1,9 @@
 """The batched QASC kernels (kernels.pipeline.run_qasc) vs their loop twins (ops=kernels.reference).
 
 Random ragged batches: sims (Q, L) smooth noise, each row valid on a random prefix of L/2..L, several regions
-per row (runs of 8..L/4 positions), paragraphs of ~3 sentences, sections of ~15, n_tokens 5..40.
+per row (runs of 8..L/4 positions), paragraphs of ~3 sentences, sections of ~15, n_tokens 5..40, sentence
+vectors (Q, L, DIM) for the pooled extents (DIM=16, not the model's 384: a (1000, 4096, 384) float tensor
+would not fit this machine; the pooled kernel's cost grows linearly with it).
 The reference is slow: it is timed on the first `--ref-rows` rows and scaled linearly per query (the table says
 so, column "ref rows"); it works row by row, so its time is linear in Q by construction.
 
@@ -22,9 +24,13 @@ from kernels.params import QascParams
 # every field spelled out, so that the fixed settings do not move when QascParams' defaults do
 BASE = QascParams(percentile=95.0, min_seeds=1, max_seeds=None, radius=0, adaptive=False, threshold=None, margin=None,
                   clip_to_paragraph=False, decay=0.3, factor=0.6, merge=True, gap=0, snap="none", max_tokens=512,
-                  score="seed_sim", top_k=1, budget_tokens=None, score_margin=None)
+                  score="seed_sim", top_k=1, budget_tokens=None, score_margin=None, extent="window", max_extent=3,
+                  extent_penalty=0.0, max_picks=10, focus_gap=None)
+DIM = 16
 SETTINGS = {
     "default": QascParams(),  # whatever the current defaults are
+    "pooled-focus": BASE.replace(percentile=75.0, extent="pooled", clip_to_paragraph=True, top_k=10,
+                                 score_margin=0.1, focus_gap=6),
     "p95-r0-top1": BASE,
     "r3-adaptive": BASE.replace(percentile=90.0, radius=3, adaptive=True, margin=0.1, top_k=3),
     "r2-snap-para": BASE.replace(percentile=80.0, radius=2, snap="paragraph", max_tokens=200, top_k=None),
@@ -50,7 +56,9 @@ def synthetic_batch(q: int, length: int, seed: int = 0, device: str | torch.devi
     ids = {name: torch.where(valid, flags.long().cumsum(1), torch.full((q, length), -1, dtype=torch.long))
            for name, flags in (("region", new_region), ("paragraph", new_paragraph), ("section", new_section))}
     tokens = torch.randint(5, 41, (q, length), generator=g)
-    out = {"sims": torch.where(valid, sims, torch.zeros_like(sims)), "valid": valid, **ids, "n_tokens": tokens}
+    emb = torch.nn.functional.normalize(torch.randn(q, length, DIM, generator=g), dim=-1)
+    out = {"sims": torch.where(valid, sims, torch.zeros_like(sims)), "valid": valid, **ids, "n_tokens": tokens,
+           "emb": emb}
     return {k: v.to(device) for k, v in out.items()}
 
 
@@ -58,7 +66,8 @@ def run(batch: dict[str, torch.Tensor], params: QascParams, ops=None, rows: int 
     from kernels.pipeline import run_qasc
 
     b = batch if rows is None else {k: v[:rows] for k, v in batch.items()}
-    return run_qasc(b["sims"], b["valid"], b["region"], b["paragraph"], b["section"], b["n_tokens"], params, ops=ops)
+    return run_qasc(b["sims"], b["valid"], b["region"], b["paragraph"], b["section"], b["n_tokens"], params, ops=ops,
+                    embeddings=b["emb"])
 
 
 def estimate_peak(batch, params, device) -> int:

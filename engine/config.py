@@ -24,8 +24,8 @@ class EmbedderConfig:
 class RetrievalConfig:
     """Hybrid path: FAISS pre-retrieval, then QASC over neighbourhoods around the hits."""
 
-    depth: int = 8  # FAISS hits (sentences) per query
-    neighbourhood: int = 2  # candidate region = hit +- this many sentences (merged when they touch)
+    depth: int = 16  # FAISS hits (sentences) per query
+    neighbourhood: int = 4  # candidate region = hit +- this many sentences (merged when they touch)
 
     def __post_init__(self) -> None:
         if self.depth < 1:

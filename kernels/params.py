@@ -14,11 +14,14 @@ class QascParams:
     """Every knob of query-time chunking.
 
     Defaults: the setting that leave-one-corpus-out cross-validation of `qasc eval` chose on chroma_general
-    (4 of 5 folds: p95 seeds, adaptive windows up to m=3 within 0.1 of the seed, clipped to the paragraph,
-    window-max ranking, every chunk within 0.05 of the best, at most 10). See bench/RESULTS.md.
+    (4 of 5 folds): pooled extents (runs of up to 3 sentences holding a p75 seed, clipped to the paragraph),
+    only the best chunk and its neighbours within 6 sentences, every chunk within 0.1 of the best, at most 10
+    (with RetrievalConfig depth 16, neighbourhood 4). The window-mode fields keep the setting the same
+    cross-validation chose among windows (adaptive up to m=3 within 0.1 of the seed, window-max ranking).
+    See bench/RESULTS.md.
     """
 
-    percentile: float = 95.0  # seeds: sims >= the p-th percentile tau of the row (0..100)
+    percentile: float = 75.0  # seeds: sims >= the p-th percentile tau of the row (0..100)
     min_seeds: int = 1  # the most similar sentences that are always seeds
     max_seeds: int | None = None  # at most this many seeds per query (None: no cap)
     radius: int = 3  # window: m sentences each side (fixed), or the most it may grow (adaptive)
@@ -26,7 +29,7 @@ class QascParams:
     threshold: float | None = None  # adaptive: absolute floor on a neighbour's similarity
     margin: float | None = 0.1  # adaptive: neighbour must be >= seed similarity - margin
     clip_to_paragraph: bool = True  # windows never leave the seed's paragraph
-    extent: str = "window"  # window: seed + (adaptive) window; pooled: best runs by pooled-embedding cosine
+    extent: str = "pooled"  # window: seed + (adaptive) window; pooled: best runs by pooled-embedding cosine
     max_extent: int = 3  # pooled: longest run of sentences scored as one candidate extent
     extent_penalty: float = 0.0  # pooled: subtracted from a run's score per sentence beyond the first
     max_picks: int = 10  # pooled: at most this many non-overlapping runs picked per query
@@ -39,8 +42,8 @@ class QascParams:
     score: str = "window_max"  # chunk score: best kept seed similarity, or max/mean window score
     top_k: int | None = 10  # chunks returned per query (None: no limit)
     budget_tokens: int | None = None  # at most this many tokens returned per query
-    score_margin: float | None = 0.05  # return only chunks scoring >= best - margin
-    focus_gap: int | None = None  # return only the best chunk and chunks <= this many sentences from it
+    score_margin: float | None = 0.1  # return only chunks scoring >= best - margin
+    focus_gap: int | None = 6  # return only the best chunk and chunks <= this many sentences from it
 
     def __post_init__(self) -> None:
         problems = []

@@ -178,15 +178,19 @@ def test_budget_rule_cuts_the_overflowing_chunk(embedder):
 def test_grid_and_selectors_are_declared():
     grid = Q.qasc_grid()
     keys = [s.key() for s in grid]
-    assert len(keys) == len(set(keys)) and 20 <= len(grid) <= 200
+    assert len(keys) == len(set(keys)) and 20 <= len(grid) <= 400
     for s in grid:
         assert s.params.top_k is None and s.params.budget_tokens is None and s.params.score_margin is None
     hits = [("d", 0, 1, 1, 0.9, 1), ("d", 2, 3, 1, 0.86, 1), ("d", 4, 5, 1, 0.5, 1)]
     assert Q.select(hits, "k=2") == hits[:2]
     assert Q.select(hits, "margin=0.05") == hits[:2]
-    base = grid[0]
+    pooled = next(s for s in grid if s.params.extent == "pooled")
+    window = next(s for s in grid if s.params.extent == "window")
     for label, change in Q.ABLATIONS:
-        assert isinstance(change(base), Q.Setting), label
+        # window-only steps do not apply to pooled extents, pooled-only ones not to windows: None, never an error
+        applies = [change(base) for base in (pooled, window)]
+        assert all(v is None or isinstance(v, Q.Setting) for v in applies), label
+        assert any(isinstance(v, Q.Setting) for v in applies), label
 
 
 def test_run_eval_end_to_end(tmp_path, embedder):

@@ -26,7 +26,8 @@ def _batch(q: int, length: int, seed: int):
     return synthetic_batch(q, length, seed)
 
 
-@pytest.mark.parametrize("setting", ["default", "p95-r0-top1", "r3-adaptive", "r2-snap-para", "budget-mean"])
+@pytest.mark.parametrize("setting", ["default", "pooled-focus", "p95-r0-top1", "r3-adaptive", "r2-snap-para",
+                                     "budget-mean"])
 @pytest.mark.parametrize("q,length", [(1, 1), (7, 64), (64, 512), (3, 4096)])
 def test_kernels_cuda_equal_cpu(setting, q, length):
     from bench.kernels import SETTINGS, run
@@ -46,7 +47,8 @@ def test_kernels_cuda_empty_rows():
 
     z = torch.zeros(4, 16, device="cuda")
     ids = torch.full((4, 16), -1, dtype=torch.long, device="cuda")
-    out = run_qasc(z, z.bool(), ids, ids, ids, ids.clamp(min=0), QascParams())
+    emb = torch.zeros(4, 16, 8, device="cuda")
+    out = run_qasc(z, z.bool(), ids, ids, ids, ids.clamp(min=0), QascParams(), embeddings=emb)
     assert out.chosen.numel() == 0 or not out.chosen.any()
 
 

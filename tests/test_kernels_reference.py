@@ -580,7 +580,8 @@ def test_decay_scores_tie_exactly_for_constant_and_mirrored_windows() -> None:
         assert scores[0, 12].item() == scores[0, 13].item()  # mirror images of each other
         assert torch.equal(scores[1], sims[1])  # constant row: every window scores exactly s
     params = QascParams(
-        percentile=0.0, min_seeds=0, radius=3, factor=None, merge=False, max_tokens=1, score="window_max", top_k=None
+        percentile=0.0, min_seeds=0, radius=3, factor=None, merge=False, max_tokens=1, score="window_max", top_k=None,
+        extent="window", focus_gap=None,
     )
     b = {
         "sims": sims,

@@ -94,7 +94,7 @@ GRID_AXES: dict[str, Sequence] = {
     "seeding": SEEDING,
     "window": WINDOWS,
     "gap": (0, 1),
-    "focus": (None, 2, 4),  # focus_gap: keep only the best chunk's neighbours (pooled extents only)
+    "focus": (None, 2, 4, 6),  # focus_gap: keep only the best chunk's neighbours (pooled extents only)
     "score": ("seed_sim", "window_max"),
     "retrieval": ({"depth": 8, "neighbourhood": 2}, {"depth": 16, "neighbourhood": 2},
                   {"depth": 16, "neighbourhood": 4}),
@@ -174,16 +174,18 @@ ABLATIONS: list[Ablation] = [
     ("pooled runs without the seed filter (p=0)", lambda s: s.replace(percentile=0.0) if _pooled(s) else None),
     ("no focus on the best chunk (focus_gap=None)", lambda s: s.replace(focus_gap=None)),
     ("focus on the best chunk (focus_gap=4)", lambda s: s.replace(focus_gap=4)),
-    ("no decay (lambda=0)", lambda s: s.replace(decay=0.0)),
-    ("no score filter (factor=None)", lambda s: s.replace(factor=None)),
-    ("no merging (merge=False)", lambda s: s.replace(merge=False)),
+    # window-mode steps: not applicable (None) when pooled extents were chosen
+    ("no decay (lambda=0)", lambda s: None if _pooled(s) else s.replace(decay=0.0)),
+    ("no score filter (factor=None)", lambda s: None if _pooled(s) else s.replace(factor=None)),
+    ("no merging (merge=False)", lambda s: None if _pooled(s) else s.replace(merge=False)),
     ("no snapping (snap=none)", lambda s: s.replace(snap="none")),
     ("snap to paragraph", lambda s: s.replace(snap="paragraph")),
     ("no paragraph clipping", lambda s: s.replace(clip_to_paragraph=False)),
     ("clip windows to paragraph", lambda s: s.replace(clip_to_paragraph=True)),
     ("paper setting (p=75, m=3, wide regions)", lambda s: s.replace(
         retrieval={"depth": 8, "neighbourhood": 25}, percentile=75.0, radius=3, adaptive=False, margin=None,
-        clip_to_paragraph=False, decay=0.3, factor=0.6, gap=0, snap="none", score="window_max")),
+        clip_to_paragraph=False, decay=0.3, factor=0.6, gap=0, snap="none", score="window_max", extent="window",
+        focus_gap=None)),
 ]
 
 
