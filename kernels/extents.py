@@ -44,6 +44,8 @@ def pooled_extent_scores(
     idx = positions_like(sims)
     zero = torch.zeros_like(sims)
     emb = torch.where(valid[..., None], embeddings.to(sims.dtype), 0.0)
+    row_sims = torch.where(valid, sims, zero)
+    row_seeds = seeds & valid
     s_sum = zero.clone()
     e_sum = torch.zeros_like(emb)
     has_seed = torch.zeros_like(seeds)
@@ -51,9 +53,9 @@ def pooled_extent_scores(
         shift = n - 1  # add the sentence at a + n - 1 to every run starting at a
         if shift >= length:
             break
-        s_sum[:, : length - shift] += torch.where(valid, sims, zero)[:, shift:]
+        s_sum[:, : length - shift] += row_sims[:, shift:]
         e_sum[:, : length - shift] += emb[:, shift:]
-        has_seed[:, : length - shift] |= (seeds & valid)[:, shift:]
+        has_seed[:, : length - shift] |= row_seeds[:, shift:]
         norm = torch.linalg.vector_norm(e_sum, dim=-1)
         cos = torch.where(norm > 0, s_sum / torch.where(norm > 0, norm, torch.ones_like(norm)), zero)
         inside = valid & (keys >= 0) & (idx + shift <= run_end)

@@ -86,9 +86,12 @@ def run_qasc(
         pick_id, seed_values = ops.pick_extents(runs, p.max_picks, p.score_margin)
         kept = pick_id >= 0  # every picked sentence; its value is its run's score
         how = "max"
-        pick_starts = kept.clone()
+        # picks are disjoint runs, each its own chunk: merging touching picks would grow the best pick by its
+        # weaker neighbours, so every pick starts a new chunk (and gap filling does not apply)
+        apart = kept.clone()
         if kept.shape[1] > 1:
-            pick_starts[:, 1:] &= pick_id[:, 1:] != pick_id[:, :-1]
+            apart[:, 1:] &= pick_id[:, 1:] != pick_id[:, :-1]
+        covered = kept
     else:
         threshold = None
         if p.adaptive:
@@ -107,29 +110,27 @@ def run_qasc(
             kept = kept | first_best
         seed_values = sims if p.score == "seed_sim" else win_scores
         how = "mean" if p.score == "window_mean" else "max"
-
-    if p.merge or p.extent == "pooled":
-        if p.extent == "pooled":  # picks are disjoint runs, each its own chunk (merging would grow the best
-            covered = kept  # pick by its weaker neighbours); gap filling does not apply
-            labels, count = ops.label_segments(covered, region, valid, breaks=pick_starts)
-        else:
+        apart = None
+        if p.merge:
             covered = ops.fill_gaps(ops.coverage(kept, starts, ends), region, valid, p.gap)
-            labels, count = ops.label_segments(covered, region, valid)
+
+    if p.merge or apart is not None:
+        labels, count = ops.label_segments(covered, region, valid, breaks=apart)
         if p.snap != "none":
             blocks = paragraph_ids if p.snap == "paragraph" else section_ids
             n_seg = int(count.max()) if count.numel() else 0
             covered = ops.snap_to_blocks(labels, n_seg, region, blocks, valid, n_tokens, p.max_tokens)
             labels, count = ops.label_segments(covered, region, valid)
         breaks = ops.cap_breaks(labels, n_tokens, p.max_tokens)
-        if p.extent == "pooled" and p.snap == "none":
-            breaks = breaks | pick_starts
+        if apart is not None and p.snap == "none":
+            breaks = breaks | apart
         labels, count = ops.label_segments(labels >= 0, region, valid, breaks)
     else:  # ablation: every kept window is its own chunk; windows over the cap shrink to the seed
         labels, count = ops.label_segments(kept, region, valid, breaks=kept)
         count = kept.sum(dim=1)
     n_seg = int(count.max()) if count.numel() else 0
     scores = ops.segment_scores(labels, seed_values, kept, n_seg, how)
-    if p.merge or p.extent == "pooled":
+    if p.merge or apart is not None:
         seg_start, seg_end = ops.segment_spans(labels, n_seg)
         seg_tokens = ops.segment_sums(labels, torch.where(valid, n_tokens, 0), n_seg)
     else:
