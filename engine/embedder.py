@@ -131,20 +131,24 @@ class Embedder:
             out.append(np.asarray(cur))
         return out
 
+    def pad(self, ids: list[list[int]], lengths: np.ndarray, batch: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows `batch` of `ids` -> input_ids, attention mask (B, longest) int64 on the CPU, right-padded."""
+        width = int(lengths[batch].max())
+        input_ids = torch.full((len(batch), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, i in enumerate(batch.tolist()):
+            input_ids[row, : lengths[i]] = torch.tensor(ids[i])
+            mask[row, : lengths[i]] = 1
+        return input_ids, mask
+
     @torch.inference_mode()
     def encode(self, texts: list[str], progress=None) -> np.ndarray:
         """texts (N) -> embeddings (N, dim) float32, L2-normalised, in input order."""
         ids = self.tokenize(texts)
         out = np.zeros((len(ids), self.dim), dtype=np.float32)
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
-        pad_id = self.tokenizer.pad_token_id or 0
         for batch in self.batches(lengths):
-            width = int(lengths[batch].max())
-            input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, i in enumerate(batch.tolist()):
-                input_ids[row, : lengths[i]] = torch.tensor(ids[i])
-                mask[row, : lengths[i]] = 1
+            input_ids, mask = self.pad(ids, lengths, batch)
             input_ids, mask = input_ids.to(self.device), mask.to(self.device)
             hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state  # (B, T, dim)
             m = mask.unsqueeze(-1).to(hidden.dtype)

@@ -104,38 +104,17 @@ def plot_all(out_dir: Path, results: dict) -> list[str]:
     written.append("recall_vs_tokens.png")
 
     held = results["heldout"]
-    fig, ax = plt.subplots(figsize=(8, 0.35 * len(names) + 1.5))
-    ys = np.arange(len(names))[::-1]
-    means = [held[n]["f1"]["mean"] for n in names]
-    err = np.array([[held[n]["f1"]["mean"] - held[n]["f1"]["lo"] for n in names],
-                    [held[n]["f1"]["hi"] - held[n]["f1"]["mean"] for n in names]])
-    ax.barh(ys, means, xerr=err, color=[colors[n] for n in names], capsize=3)
-    ax.set_yticks(ys, names, fontsize=8)
-    ax.set_xlabel("F1 (%), held-out folds, 95% bootstrap interval")
-    ax.set_title("F1 per method (leave-one-corpus-out)")
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out_dir / "f1_by_method.png", dpi=110)
-    plt.close(fig)
-    written.append("f1_by_method.png")
+    written.append(_interval_bars(plt, out_dir / "f1_by_method.png", names, [held[n]["f1"] for n in names],
+                                  [colors[n] for n in names], "F1 (%), held-out folds, 95% bootstrap interval",
+                                  "F1 per method (leave-one-corpus-out)", width=8, row=0.35))
 
     abl = results.get("ablations") or []
     if abl:
         labels = ["QASC (chosen per fold)"] + [a["ablation"] for a in abl]
         vals = [held["qasc"]["f1"]] + [a["f1"] for a in abl]
-        fig, ax = plt.subplots(figsize=(9, 0.4 * len(labels) + 1.5))
-        ys = np.arange(len(labels))[::-1]
-        err = np.array([[v["mean"] - v["lo"] for v in vals], [v["hi"] - v["mean"] for v in vals]])
-        ax.barh(ys, [v["mean"] for v in vals], xerr=err, capsize=3,
-                color=["tab:red"] + ["tab:gray"] * len(abl))
-        ax.set_yticks(ys, labels, fontsize=8)
-        ax.set_xlabel("F1 (%), held-out folds")
-        ax.set_title("Ablations of the per-fold chosen QASC setting")
-        ax.grid(axis="x", alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(out_dir / "ablations.png", dpi=110)
-        plt.close(fig)
-        written.append("ablations.png")
+        written.append(_interval_bars(plt, out_dir / "ablations.png", labels, vals,
+                                      ["tab:red"] + ["tab:gray"] * len(abl), "F1 (%), held-out folds",
+                                      "Ablations of the per-fold chosen QASC setting", width=9, row=0.4))
 
     hist = results.get("granularity")
     if hist:
@@ -149,6 +128,23 @@ def plot_all(out_dir: Path, results: dict) -> list[str]:
         plt.close(fig)
         written.append("granularity.png")
     return written
+
+
+def _interval_bars(plt, path: Path, labels: list[str], vals: list[dict], colors: list, xlabel: str, title: str,
+                   width: float, row: float) -> str:
+    """Horizontal bars of {mean, lo, hi} values (first label on top) with interval whiskers -> file name."""
+    fig, ax = plt.subplots(figsize=(width, row * len(labels) + 1.5))
+    ys = np.arange(len(labels))[::-1]
+    err = np.array([[v["mean"] - v["lo"] for v in vals], [v["hi"] - v["mean"] for v in vals]])
+    ax.barh(ys, [v["mean"] for v in vals], xerr=err, color=colors, capsize=3)
+    ax.set_yticks(ys, labels, fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name
 
 
 # ------------------------------------------------------------------------------------------------ report
