@@ -142,7 +142,7 @@ def test_langchain_batch_errors(lc, engine):
 
 def test_langchain_ids_stable_and_store_path(lc, engine, demo_store):
     a = lc.QascRetriever(engine=engine).invoke(QUESTIONS[0])
-    b = lc.QascRetriever(store=str(demo_store), device="cpu").invoke(QUESTIONS[0])  # a second Engine
+    b = lc.QascRetriever(store=demo_store, device="cpu").invoke(QUESTIONS[0])  # a second Engine
     assert [d.id for d in a] == [d.id for d in b] and len({d.id for d in a}) == len(a)
     assert _doc_spans(a) == _doc_spans(b)
     with pytest.raises(ValueError, match="either engine"):

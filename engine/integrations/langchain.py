@@ -7,6 +7,7 @@ Needs the 'langchain' extra (langchain-core).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from engine.integrations import ChunkSource, missing_extra
@@ -37,7 +38,7 @@ class QascRetriever(BaseRetriever):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     engine: InstanceOf[Engine] | None = None
-    store: str | None = None
+    store: str | Path | None = None
     params: InstanceOf[QascParams] | None = None
     retrieval: InstanceOf[RetrievalConfig] | None = None
     device: str = "auto"
