@@ -1,15 +1,17 @@
 """The batched QASC kernels (kernels.pipeline.run_qasc) vs their loop twins (ops=kernels.reference).
 
 Random ragged batches: sims (Q, L) smooth noise, each row valid on a random prefix of L/2..L, several regions
-per row (runs of 8..L/4 positions), paragraphs of ~3 sentences, sections of ~15, n_tokens 5..40, sentence
-vectors (Q, L, DIM) for the pooled extents (DIM=16, not the model's 384: a (1000, 4096, 384) float tensor
-would not fit this machine; the pooled kernel's cost grows linearly with it).
+per row (runs of 8..L/4 positions), paragraphs of ~3 sentences, sections of ~15, n_tokens 5..40, and for the
+pooled extents each row's neighbour dots (Q, L, W) of random unit sentence vectors of width D (`--dims`,
+default 384 = MiniLM): the kernels never see the vectors, so their time and memory do not depend on D
+(the "est. peak MiB" column shows it for `--dims 16,384`).
 The reference is slow: it is timed on the first `--ref-rows` rows and scaled linearly per query (the table says
 so, column "ref rows"); it works row by row, so its time is linear in Q by construction.
 
     python -m bench.kernels
     python -m bench.kernels --quick
     python -m bench.kernels --device cuda --qs 1000,10000,100000 --ls 256,4096 --no-ref
+    python -m bench.kernels --qs 1000 --ls 4096 --settings default --dims 16,384 --no-ref   # memory vs D
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ BASE = QascParams(percentile=95.0, min_seeds=1, max_seeds=None, radius=0, adapti
                   clip_to_paragraph=False, decay=0.3, factor=0.6, merge=True, gap=0, snap="none", max_tokens=512,
                   score="seed_sim", top_k=1, budget_tokens=None, score_margin=None, extent="window", max_extent=3,
                   extent_penalty=0.0, max_picks=10, focus_gap=None)
-DIM = 16
+DOTS_WIDTH = 3  # every setting below scores runs of at most 3 sentences
 SETTINGS = {
     "default": QascParams(),  # whatever the current defaults are
     "pooled-focus": BASE.replace(percentile=75.0, extent="pooled", clip_to_paragraph=True, top_k=10,
@@ -39,8 +41,12 @@ SETTINGS = {
 }
 
 
-def synthetic_batch(q: int, length: int, seed: int = 0, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """A random ragged batch (Q, L): sims float32, valid bool, region/paragraph/section ids and n_tokens int64."""
+def synthetic_batch(q: int, length: int, seed: int = 0, device: str | torch.device = "cpu",
+                    dim: int = 384) -> dict[str, torch.Tensor]:
+    """A random ragged batch (Q, L): sims float32, valid bool, region/paragraph/section ids and n_tokens int64,
+    dots (Q, L, DOTS_WIDTH) float32: neighbour dots of random unit vectors of width `dim`, made a row at a time."""
+    from kernels.extents import neighbour_dots
+
     g = torch.Generator().manual_seed(seed)
     noise = torch.randn(q, length + 8, generator=g)
     kernel = torch.ones(1, 1, 9) / 9.0  # moving average: neighbouring sentences are alike
@@ -56,9 +62,12 @@ def synthetic_batch(q: int, length: int, seed: int = 0, device: str | torch.devi
     ids = {name: torch.where(valid, flags.long().cumsum(1), torch.full((q, length), -1, dtype=torch.long))
            for name, flags in (("region", new_region), ("paragraph", new_paragraph), ("section", new_section))}
     tokens = torch.randint(5, 41, (q, length), generator=g)
-    emb = torch.nn.functional.normalize(torch.randn(q, length, DIM, generator=g), dim=-1)
+    dots = torch.zeros((q, length, DOTS_WIDTH))
+    for i in range(q):  # one row's (L, dim) vectors at a time: the batch never holds (Q, L, dim)
+        row = torch.nn.functional.normalize(torch.randn(length, dim, generator=g), dim=-1)
+        dots[i] = neighbour_dots(row, DOTS_WIDTH)
     out = {"sims": torch.where(valid, sims, torch.zeros_like(sims)), "valid": valid, **ids, "n_tokens": tokens,
-           "emb": emb}
+           "dots": dots}
     return {k: v.to(device) for k, v in out.items()}
 
 
@@ -67,7 +76,7 @@ def run(batch: dict[str, torch.Tensor], params: QascParams, ops=None, rows: int 
 
     b = batch if rows is None else {k: v[:rows] for k, v in batch.items()}
     return run_qasc(b["sims"], b["valid"], b["region"], b["paragraph"], b["section"], b["n_tokens"], params, ops=ops,
-                    embeddings=b["emb"])
+                    dots=b["dots"])
 
 
 def estimate_peak(batch, params, device) -> int:
@@ -100,6 +109,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--qs", default="1,100,1000", help="numbers of queries Q (comma list)")
     p.add_argument("--ls", default="256,4096", help="row widths L (comma list)")
+    p.add_argument("--dims", default="384", help="sentence vector widths D behind the neighbour dots (comma list)")
     p.add_argument("--settings", default=",".join(SETTINGS), help=f"QascParams settings: {', '.join(SETTINGS)}")
     p.add_argument("--device", default="cpu", help="cpu | cuda | auto (the reference always runs on CPU)")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats of the fast path (median)")
@@ -127,37 +137,36 @@ def main(argv=None) -> dict:
 
     device = resolve_device(args.device)
     rows = []
-    for length in _ints(args.ls):
-        for q in _ints(args.qs):
-            batch = synthetic_batch(q, length, args.seed)
-            on_dev = {k: v.to(device) for k, v in batch.items()}
-            for name in args.settings.split(","):
-                params = SETTINGS[name]
-                est = estimate_peak(on_dev, params, device) * q
-                if est > args.mem_budget_gb * 2**30:
-                    row = {"Q": q, "L": length, "setting": name, "fast ms": float("nan"),
-                           "note": f"skipped: ~{est / 2**30:.0f} GiB est. peak"}
-                    rows.append(row)
-                    print(row, flush=True)
-                    continue
-                fast = median(time_repeats(lambda p=params, b=on_dev: run(b, p), args.repeats, warmup=1, device=device))
-                row = {"Q": q, "L": length, "setting": name, "fast ms": 1e3 * fast, "fast us/query": 1e6 * fast / q,
-                       "queries/s": q / fast}
-                if not args.no_ref:
-                    n_ref = min(q, args.ref_rows)
-                    slow = median(time_repeats(lambda p=params, n=n_ref, b=batch: run(b, p, ops=reference, rows=n),
-                                               args.ref_repeats, warmup=0))
-                    ref_full = slow * q / n_ref
-                    row.update({"ref rows": f"{n_ref}/{q}", "ref ms (scaled)": 1e3 * ref_full,
-                                "speed-up": ref_full / fast, "equal": check_equal(on_dev, params, min(n_ref, 4))})
+    for length, q, dim in ((n, q, d) for n in _ints(args.ls) for q in _ints(args.qs) for d in _ints(args.dims)):
+        batch = synthetic_batch(q, length, args.seed, dim=dim)
+        on_dev = {k: v.to(device) for k, v in batch.items()}
+        for name in args.settings.split(","):
+            params = SETTINGS[name]
+            est = estimate_peak(on_dev, params, device) * q
+            if est > args.mem_budget_gb * 2**30:
+                row = {"Q": q, "L": length, "D": dim, "setting": name, "fast ms": float("nan"),
+                       "note": f"skipped: ~{est / 2**30:.0f} GiB est. peak"}
                 rows.append(row)
-                print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
-                      flush=True)
+                print(row, flush=True)
+                continue
+            fast = median(time_repeats(lambda p=params, b=on_dev: run(b, p), args.repeats, warmup=1, device=device))
+            row = {"Q": q, "L": length, "D": dim, "setting": name, "fast ms": 1e3 * fast,
+                   "fast us/query": 1e6 * fast / q, "queries/s": q / fast, "est. peak MiB": est / 2**20}
+            if not args.no_ref:
+                n_ref = min(q, args.ref_rows)
+                slow = median(time_repeats(lambda p=params, n=n_ref, b=batch: run(b, p, ops=reference, rows=n),
+                                           args.ref_repeats, warmup=0))
+                ref_full = slow * q / n_ref
+                row.update({"ref rows": f"{n_ref}/{q}", "ref ms (scaled)": 1e3 * ref_full,
+                            "speed-up": ref_full / fast, "equal": check_equal(on_dev, params, min(n_ref, 4))})
+            rows.append(row)
+            print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
+                  flush=True)
     info = machine_info(device)
     print(f"\ndevice {device}, torch threads {torch.get_num_threads()}, fast path median of {args.repeats}; "
           "reference timed on 'ref rows' rows and scaled "
           f"linearly to Q; load avg {info['load_avg']}")
-    cols = ["Q", "L", "setting", "fast ms", "fast us/query", "queries/s"]
+    cols = ["Q", "L", "D", "setting", "fast ms", "fast us/query", "queries/s", "est. peak MiB"]
     if not args.no_ref:
         cols += ["ref rows", "ref ms (scaled)", "speed-up", "equal"]
     if any("note" in r for r in rows):

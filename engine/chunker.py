@@ -9,6 +9,7 @@ from engine.config import EngineConfig
 from engine.embedder import Embedder
 from engine.splitter import split_sentences
 from engine.types import Chunk, Sentences
+from kernels.extents import neighbour_dots
 from kernels.pipeline import run_qasc
 
 
@@ -38,8 +39,9 @@ def chunk_sentences(
     para = torch.as_tensor(sents.paragraph, dtype=torch.long, device=device).expand(q, n)
     sect = torch.as_tensor(sents.section, dtype=torch.long, device=device).expand(q, n)
     ntok = torch.as_tensor(sents.n_tokens, dtype=torch.long, device=device).expand(q, n)
-    emb = sent_emb.to(device).expand(q, n, sent_emb.shape[-1]) if n else torch.zeros((q, 0, 1), device=device)
-    batch = run_qasc(sims, valid, zeros, para, sect, ntok, config.qasc, embeddings=emb)
+    width = config.qasc.max_extent
+    dots = neighbour_dots(sent_emb.to(device), width).expand(q, n, width)  # (Q, N, W): one copy, expanded
+    batch = run_qasc(sims, valid, zeros, para, sect, ntok, config.qasc, dots=dots)
     return assemble_chunks(batch, [sents], zeros, positions)
 
 

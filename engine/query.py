@@ -18,10 +18,12 @@ from engine.config import EngineConfig, RetrievalConfig
 from engine.embedder import Embedder
 from engine.errors import QascError
 from engine.types import Chunk, Sentences
+from kernels.extents import neighbour_dots
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
 
 MAX_QUERY_CHARS = 10_000
+SIMS_BLOCK_ELEMENTS = 1 << 24  # gathered candidate vectors per block (64 MiB of float32)
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,29 @@ class Engine:
         self.section = as_t(cat("section"))
         self.n_tokens = as_t(cat("n_tokens"))
         self.embeddings = torch.as_tensor(np.asarray(store.embeddings, dtype=np.float32), device=device)
+        self._dots: torch.Tensor | None = None  # (N_total, W) neighbour dots, computed on first pooled query
+
+    def neighbour_dots(self, width: int) -> torch.Tensor:
+        """(N_total, >= width) float32: each row's dot products with its next width-1 rows (query independent,
+        computed once and kept; rows of different documents never share a run, so their dots are unused)."""
+        if self._dots is None or self._dots.shape[1] < width:
+            self._dots = neighbour_dots(self.embeddings, width)
+        return self._dots
+
+    def candidate_sims(self, query_emb: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """query_emb (Q, dim), rows/valid (Q, L) -> sims (Q, L) float32 (0 where invalid).
+
+        Gathers the candidate vectors a block of queries at a time, so memory stays at SIMS_BLOCK_ELEMENTS
+        floats whatever Q is."""
+        q, length = rows.shape
+        dim = self.embeddings.shape[1]
+        step = max(1, SIMS_BLOCK_ELEMENTS // max(length * dim, 1))
+        out = torch.zeros((q, length), dtype=torch.float32, device=self.device)
+        query = query_emb.to(device=self.device, dtype=torch.float32)
+        for lo in range(0, q, step):
+            gathered = self.embeddings[rows[lo : lo + step]]  # (step, L, dim)
+            out[lo : lo + step] = torch.einsum("qld,qd->ql", gathered, query[lo : lo + step])
+        return torch.where(valid, out, torch.zeros_like(out))
 
     @classmethod
     def open(cls, store_dir: str, config: EngineConfig | None = None, device: str = "auto") -> Engine:
@@ -133,12 +158,11 @@ class Engine:
         hits = self.search(query_emb, min(retrieval.depth, max(self.n_total, 1)))
         cand = candidate_rows(hits, self.doc_first, self.doc_last, retrieval.neighbourhood, self.n_total)
         rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
-        gathered = self.embeddings[rows]  # (Q, L, dim)
-        sims = (gathered * query_emb[:, None, :].to(gathered.dtype)).sum(-1)  # (Q, L)
-        sims = torch.where(cand.valid, sims, torch.zeros_like(sims))
+        sims = self.candidate_sims(query_emb, rows, cand.valid)
+        dots = self.neighbour_dots(params.max_extent)[rows] if params.extent == "pooled" else None  # (Q, L, W)
         batch = run_qasc(
             sims, cand.valid, cand.region, self.paragraph[rows], self.section[rows], self.n_tokens[rows], params,
-            embeddings=gathered,
+            dots=dots,
         )
         return batch, cand
 

@@ -4,7 +4,7 @@ No I/O, no model, no Ray: every function maps tensors to tensors on the device o
 `kernels.reference` holds a slow, loop-based twin of each function for the tests.
 """
 
-from kernels.extents import pick_extents, pooled_extent_scores
+from kernels.extents import neighbour_dots, pick_extents, pooled_extent_scores, run_norms
 from kernels.merging import coverage, fill_gaps, label_segments, segment_scores, segment_spans, segment_sums
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
@@ -25,8 +25,10 @@ __all__ = [
     "focus_on_best",
     "label_segments",
     "percentile_seeds",
+    "neighbour_dots",
     "pick_extents",
     "pooled_extent_scores",
+    "run_norms",
     "percentile_threshold",
     "run_qasc",
     "segment_scores",

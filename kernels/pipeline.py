@@ -64,13 +64,15 @@ def run_qasc(
     n_tokens: torch.Tensor,
     params: QascParams,
     ops: ModuleType | FastOps | None = None,
-    embeddings: torch.Tensor | None = None,
+    dots: torch.Tensor | None = None,
 ) -> QascBatch:
     """sims (Q, L) float, valid (Q, L) bool, region/paragraph/section ids and n_tokens (Q, L) int64 -> QascBatch.
 
     A row is one query's candidate text: one or more regions (runs of equal region id: a document or a
-    neighbourhood inside one) laid end to end; nothing ever crosses a region boundary. `embeddings`
-    (Q, L, D) float, the sentence vectors behind `sims`, are needed by params.extent == "pooled" only.
+    neighbourhood inside one) laid end to end; nothing ever crosses a region boundary. `dots`
+    (Q, L, W >= params.max_extent) float, each position's dot products with the sentence vectors of its next
+    W-1 positions (`kernels.extents.neighbour_dots` of the rows behind `sims`), are needed by
+    params.extent == "pooled" only.
     """
     ops = ops or FastOps()
     p = params
@@ -80,9 +82,9 @@ def run_qasc(
     tau, seeds = ops.percentile_seeds(sims, valid, p.percentile, p.min_seeds, p.max_seeds)
     window_keys = combine_keys(region, paragraph_ids) if p.clip_to_paragraph else region
     if p.extent == "pooled":
-        if embeddings is None:
-            raise ValueError("extent='pooled' needs the sentence embeddings (Q, L, D)")
-        runs = ops.pooled_extent_scores(sims, embeddings, valid, window_keys, seeds, p.max_extent, p.extent_penalty)
+        if dots is None:
+            raise ValueError("extent='pooled' needs the neighbour dots (Q, L, W) of the sentence vectors")
+        runs = ops.pooled_extent_scores(sims, dots, valid, window_keys, seeds, p.max_extent, p.extent_penalty)
         pick_id, seed_values = ops.pick_extents(runs, p.max_picks, p.score_margin)
         kept = pick_id >= 0  # every picked sentence; its value is its run's score
         how = "max"

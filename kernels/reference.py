@@ -413,9 +413,45 @@ def _round(x: float, dtype: torch.dtype) -> float:
     return torch.tensor(x, dtype=dtype).item()
 
 
+def _sqrt(x: float, dtype: torch.dtype) -> float:
+    """sqrt(max(x, 0)) rounded as torch rounds it (torch's CPU sqrt can differ from math.sqrt by one ulp)."""
+    return torch.tensor(max(x, 0.0), dtype=dtype).sqrt().item()
+
+
+def neighbour_dots(vectors: torch.Tensor, width: int, block_rows: int = 65536) -> torch.Tensor:
+    """dots (N, width): dots[i][d] = sum_k v_i[k] * v_{i+d}[k], 0 past the last row."""
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
+    rows = vectors.tolist()
+    n = len(rows)
+    out = [[0.0] * width for _ in range(n)]
+    for i in range(n):
+        for d in range(width):
+            if i + d < n:
+                out[i][d] = _round(sum(x * y for x, y in zip(rows[i], rows[i + d], strict=True)), vectors.dtype)
+    return _to_tensor(out, (n, width), vectors.dtype, vectors.device)
+
+
+def run_norms(dots: torch.Tensor, max_len: int) -> torch.Tensor:
+    """norms (Q, L, max_len): sqrt of the sum over every ordered pair (i, j) of the run of e_i . e_j, read from
+    dots[min(i, j)][|i - j|]; the run is cut at the end of the row."""
+    q, length, width = dots.shape
+    if width < max_len:
+        raise ValueError(f"neighbour dots of width {width} cannot score runs of {max_len} sentences")
+    out = [[[0.0] * max_len for _ in range(length)] for _ in range(q)]
+    table = dots.tolist()
+    for b in range(q):
+        for a in range(length):
+            for n in range(1, max_len + 1):
+                run = [i for i in range(a, a + n) if i < length]
+                total = sum(table[b][min(i, j)][abs(i - j)] for i in run for j in run)
+                out[b][a][n - 1] = _sqrt(total, dots.dtype)
+    return _to_tensor(out, (q, length, max_len), dots.dtype, dots.device)
+
+
 def pooled_extent_scores(
     sims: torch.Tensor,
-    embeddings: torch.Tensor,
+    dots: torch.Tensor,
     valid: torch.Tensor,
     segment_ids: torch.Tensor,
     seeds: torch.Tensor,
@@ -423,18 +459,17 @@ def pooled_extent_scores(
     penalty: float = 0.0,
 ) -> torch.Tensor:
     """scores (Q, L, max_len): cosine of the query with the summed embeddings of each run of n sentences
-    starting at a (sims summed left to right), minus penalty * (n - 1); -inf unless the run stays in one
-    segment and holds a seed."""
+    starting at a (sims summed left to right; the norm from the pairwise dots of the run's valid sentences),
+    minus penalty * (n - 1); -inf unless the run stays in one segment and holds a seed."""
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
     q, length = sims.shape
     dtype = sims.dtype
     out = [[[-_INF] * max_len for _ in range(length)] for _ in range(q)]
-    emb = embeddings.to(dtype)
+    table = dots.to(dtype).tolist()
     for b, (row, ok, keys, seed) in enumerate(zip(_rows(sims), _rows(valid), _rows(segment_ids), _rows(seeds),
                                                    strict=True)):
         seg = _segment_ids(keys, ok)
-        vectors = emb[b].tolist()
         for a in range(length):
             for n in range(1, max_len + 1):
                 run = list(range(a, a + n))
@@ -443,11 +478,10 @@ def pooled_extent_scores(
                 if not any(seed[i] for i in run):
                     continue
                 total = 0.0
-                pooled = [0.0] * emb.shape[-1]
                 for i in run:
                     total = _round(total + row[i], dtype)
-                    pooled = [_round(p + v, dtype) for p, v in zip(pooled, vectors[i], strict=True)]
-                norm = torch.linalg.vector_norm(torch.tensor(pooled, dtype=dtype)).item()
+                square = sum(table[b][min(i, j)][abs(i - j)] for i in run for j in run)
+                norm = _sqrt(square, dtype)
                 cos = _round(total / norm, dtype) if norm > 0 else 0.0
                 out[b][a][n - 1] = _round(cos - _round(penalty * (n - 1), dtype), dtype)
     return _to_tensor(out, (q, length, max_len), dtype, sims.device)

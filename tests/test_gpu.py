@@ -47,8 +47,8 @@ def test_kernels_cuda_empty_rows():
 
     z = torch.zeros(4, 16, device="cuda")
     ids = torch.full((4, 16), -1, dtype=torch.long, device="cuda")
-    emb = torch.zeros(4, 16, 8, device="cuda")
-    out = run_qasc(z, z.bool(), ids, ids, ids, ids.clamp(min=0), QascParams(), embeddings=emb)
+    dots = torch.zeros(4, 16, 3, device="cuda")
+    out = run_qasc(z, z.bool(), ids, ids, ids, ids.clamp(min=0), QascParams(), dots=dots)
     assert out.chosen.numel() == 0 or not out.chosen.any()
 
 

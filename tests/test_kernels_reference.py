@@ -41,6 +41,7 @@ def budget(n: int) -> settings:
 SETTINGS = budget(150)
 GRID = [k / 8 for k in range(-8, 9)]
 DIM = 3  # sentence vectors in the random batches: eighths, so that every sum of a few is exact
+DOTS_WIDTH = 6  # neighbour dots of the random batches: enough for runs of up to 6 sentences
 
 
 # --------------------------------------------------------------------------------------------------- strategies
@@ -92,7 +93,15 @@ def batches(draw: st.DrawFn, max_q: int = 5, max_l: int = 24) -> dict[str, torch
         "section": as_tensor("section", torch.long),
         "tokens": as_tensor("tokens", torch.long),
         "emb": torch.tensor(rows["emb"], dtype=F64).reshape(q, length, DIM),
-    }
+    } | {"dots": row_dots(torch.tensor(rows["emb"], dtype=F64).reshape(q, length, DIM))}
+
+
+def row_dots(emb: torch.Tensor, width: int = DOTS_WIDTH) -> torch.Tensor:
+    """emb (Q, L, D) -> (Q, L, width): each row's neighbour dots, as the engine computes them per store."""
+    q, length, _ = emb.shape
+    if q == 0:
+        return torch.zeros((0, length, width), dtype=emb.dtype)
+    return torch.stack([kernels.neighbour_dots(e, width) for e in emb])
 
 
 @st.composite
@@ -168,7 +177,7 @@ def assert_same(fast: torch.Tensor, slow: torch.Tensor) -> None:
 
 def run_both(b: dict[str, torch.Tensor], params: QascParams, ops=None):
     return run_qasc(b["sims"], b["valid"], b["region"], b["paragraph"], b["section"], b["tokens"], params, ops=ops,
-                    embeddings=b.get("emb"))
+                    dots=b.get("dots"))
 
 
 def chosen_chunks(batch, q: int) -> list[tuple[int, int, int, float]]:
@@ -403,10 +412,43 @@ def test_pooled_extent_scores(data: st.DataObject) -> None:
     segments = b[data.draw(st.sampled_from(["region", "paragraph"]))]
     max_len = data.draw(st.integers(1, 6))
     penalty = data.draw(st.sampled_from([0.0, 0.125, 0.3]))
-    fast = kernels.pooled_extent_scores(b["sims"], b["emb"], b["valid"], segments, seeds, max_len, penalty)
-    slow = ref.pooled_extent_scores(b["sims"], b["emb"], b["valid"], segments, seeds, max_len, penalty)
+    fast = kernels.pooled_extent_scores(b["sims"], b["dots"], b["valid"], segments, seeds, max_len, penalty)
+    slow = ref.pooled_extent_scores(b["sims"], b["dots"], b["valid"], segments, seeds, max_len, penalty)
     assert_same(fast, slow)
     assert torch.equal(fast, slow)  # exact sums, correctly rounded norm and division: bit for bit
+
+
+@SETTINGS
+@given(data=st.data())
+def test_neighbour_dots_and_run_norms(data: st.DataObject) -> None:
+    n = data.draw(st.integers(0, 12))
+    width = data.draw(st.integers(1, 5))
+    cells = data.draw(st.lists(st.sampled_from(GRID), min_size=n * DIM, max_size=n * DIM))
+    vectors = torch.tensor(cells, dtype=F64).reshape(n, DIM)
+    block = data.draw(st.integers(1, 8))
+    dots = kernels.neighbour_dots(vectors, width, block_rows=block)
+    assert_same(dots, ref.neighbour_dots(vectors, width))
+    max_len = data.draw(st.integers(1, width))
+    norms = kernels.run_norms(dots[None], max_len)
+    assert_same(norms, ref.run_norms(dots[None], max_len))
+    for a in range(n):  # the norm of the summed vectors themselves, for every run inside the row
+        for length in range(1, max_len + 1):
+            direct = torch.linalg.vector_norm(vectors[a : a + length].sum(0))
+            assert float(norms[0, a, length - 1]) == pytest.approx(float(direct), abs=1e-12)
+
+
+def test_pooled_scores_do_not_depend_on_the_width() -> None:
+    """The same unit vectors in 16 and in 384 dimensions (zero-padded) give the same pooled scores."""
+    g = torch.Generator().manual_seed(0)
+    small = torch.nn.functional.normalize(torch.randn(40, 16, generator=g, dtype=F64), dim=-1)
+    wide = torch.nn.functional.pad(small, (0, 384 - 16))
+    query = torch.nn.functional.normalize(torch.randn(16, generator=g, dtype=F64), dim=0)
+    sims = (small @ query)[None]
+    valid = torch.ones_like(sims, dtype=torch.bool)
+    ids = torch.zeros_like(sims, dtype=torch.long)
+    a = kernels.pooled_extent_scores(sims, kernels.neighbour_dots(small, 3)[None], valid, ids, valid, 3)
+    b = kernels.pooled_extent_scores(sims, kernels.neighbour_dots(wide, 3)[None], valid, ids, valid, 3)
+    assert torch.allclose(a, b, rtol=0, atol=1e-12)
 
 
 @SETTINGS
@@ -458,7 +500,7 @@ def test_pooled_extent_prefers_a_run_that_answers_together() -> None:
     sims = (emb * query).sum(-1)
     valid = torch.ones((1, 6), dtype=torch.bool)
     region = torch.tensor([[0, 0, 0, 0, 1, 1]])
-    scores = kernels.pooled_extent_scores(sims, emb, valid, region, valid, 3)
+    scores = kernels.pooled_extent_scores(sims, row_dots(emb, 3), valid, region, valid, 3)
     assert scores[0, 1, 1] > scores[0, 1, 0] and scores[0, 1, 1] > scores[0, 2, 0]  # [1, 2] beats 1 or 2
     assert torch.isinf(scores[0, 3, 1])  # [3, 4] crosses the region boundary
     ids, value = kernels.pick_extents(scores, 2)
@@ -545,7 +587,7 @@ def test_pipeline_all_rows_empty(q: int) -> None:
         "paragraph": torch.zeros((q, length), dtype=torch.long),
         "section": torch.zeros((q, length), dtype=torch.long),
         "tokens": torch.ones((q, length), dtype=torch.long),
-        "emb": torch.zeros((q, length, DIM), dtype=F64),
+        "dots": torch.zeros((q, length, DOTS_WIDTH), dtype=F64),
     }
     for ops in (None, ref):
         out = run_both(b, QascParams(), ops=ops)
