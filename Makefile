@@ -11,7 +11,7 @@ export RAY_DATA_DISABLE_PROGRESS_BARS ?= 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test install lint clean
+.PHONY: demo test install lint clean gpu-pack
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check engine kernels jobs tests bench
+
+# The folder bench/gpu_check.sh needs on a bare GPU machine (model fp16, punkt, chroma_general subset), <= 60 MiB;
+# carry it: run(command="bash bench/gpu_check.sh", carry=[".gpu-pack"]) (README, "GPU check").
+gpu-pack: $(STAMP)
+	$(PY) -m bench.gpu_pack --out .gpu-pack
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

