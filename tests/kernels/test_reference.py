@@ -8,8 +8,6 @@ constant rows are common.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,12 +15,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import kernels  # noqa: E402
-import kernels.reference as ref  # noqa: E402
-from kernels.params import EXTENT_RULES, SCORE_RULES, SNAP_RULES, QascParams  # noqa: E402
-from kernels.pipeline import run_qasc  # noqa: E402
+import kernels
+import kernels.reference as ref
+from kernels.params import EXTENT_RULES, SCORE_RULES, SNAP_RULES, QascParams
+from kernels.pipeline import run_qasc
 
 F64 = torch.float64
 # KERNELS_HYPOTHESIS_SCALE=20 multiplies every example budget (a slower, deeper search)
