@@ -104,7 +104,7 @@ fi
 
 # --- 1. GPU tests -------------------------------------------------------------------------------------------
 if need pytest; then
-  step pytest_gpu 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py
+  step pytest_gpu 150 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu.py
 else skip pytest_gpu "pytest missing"; fi
 
 # --- 2. embedding: ours vs sentence-transformers --------------------------------------------------------------

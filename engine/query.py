@@ -54,7 +54,7 @@ class Engine:
     def open(cls, store_dir: str, config: EngineConfig | None = None, device: str = "auto") -> Engine:
         """Open a store; the embedding model is the one recorded in its manifest (a mismatch is refused)."""
         from engine.embedder import resolve_device
-        from engine.store import Store
+        from engine.store.reader import Store
 
         store = Store.open(store_dir)
         stored = EngineConfig.from_dict(store.manifest.get("config", {}))

@@ -15,8 +15,6 @@ from pathlib import Path
 
 from engine.errors import QascError
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data" / "chroma_general"
 CORPUS_EXTENSIONS = (".md", ".txt")
 
 
@@ -86,10 +84,10 @@ def corpus_text(path: Path) -> str:
         return fh.read()
 
 
-def load_dataset(data_dir: str | Path | None = None, check_content: bool = True) -> Dataset:
+def load_dataset(data_dir: str | Path, check_content: bool = True) -> Dataset:
     """A folder in the Chroma format -> Dataset. QascError on a missing file, bad JSON or offsets that do
     not point at the reference content (when `check_content`)."""
-    root = Path(data_dir) if data_dir is not None else DEFAULT_DATA_DIR
+    root = Path(data_dir)
     corpora_dir, qfile = root / "corpora", root / "questions.csv"
     if not corpora_dir.is_dir() or not qfile.is_file():
         raise QascError(f"{root} is not a Chroma-format data set (needs corpora/ and questions.csv)")

@@ -1,4 +1,5 @@
-"""The query engine: exact spans, batch == one at a time, token cap, no overlap, CLI and Ray job."""
+"""`qasc query`: .jsonl and .parquet results, bad parameters and files, the Ray job equal to the local path,
+and the results module's rows <-> Chunk round trip."""
 
 from __future__ import annotations
 
@@ -10,73 +11,9 @@ import pytest
 
 from engine.config import RetrievalConfig
 from kernels.params import QascParams
-from tests.conftest import CHROMA
-
-CHROMA_QUESTIONS = CHROMA / "questions.csv"
+from tests.engine.test_query import QUESTIONS
 
 pytestmark = pytest.mark.slow
-
-QUESTIONS = [
-    "How long should sourdough dough proof?",
-    "Who invented the lens used in lighthouses?",
-    "How big a solar array do I need?",
-    "What do lithium iron phosphate batteries tolerate?",
-    "Why does the crust darken?",
-]
-SETTINGS = [
-    QascParams(),
-    QascParams(percentile=75, radius=2, top_k=None, snap="paragraph", max_tokens=60),
-    QascParams(percentile=60, radius=3, adaptive=True, margin=0.15, clip_to_paragraph=True, top_k=3),
-    QascParams(percentile=50, radius=1, gap=2, budget_tokens=120, top_k=None, score="window_mean"),
-]
-
-
-@pytest.fixture(scope="module")
-def demo_engine(demo_store):
-    from engine.query import Engine
-
-    return Engine.open(str(demo_store), device="cpu")
-
-
-def _check_chunks(engine, results, params):
-    texts = {d.doc_id: d.text for d in engine.store.docs}
-    for chunks in results:
-        spans = {}
-        for c in chunks:
-            assert texts[c.doc_id][c.char_start : c.char_end] == c.text
-            assert c.n_tokens <= params.max_tokens
-            spans.setdefault(c.doc_id, []).append((c.char_start, c.char_end))
-        for doc_spans in spans.values():
-            doc_spans.sort()
-            for (_, e0), (s1, _) in zip(doc_spans, doc_spans[1:], strict=False):
-                assert e0 <= s1, "chunks of one query overlap"
-        if params.budget_tokens is not None:
-            assert sum(c.n_tokens for c in chunks) <= params.budget_tokens
-
-
-@pytest.mark.parametrize("params", SETTINGS)
-def test_spans_exact_capped_disjoint(demo_engine, params):
-    results = demo_engine.query(QUESTIONS, params, RetrievalConfig(depth=6, neighbourhood=3))
-    assert len(results) == len(QUESTIONS)
-    assert any(results)
-    _check_chunks(demo_engine, results, params)
-
-
-@pytest.mark.parametrize("params", SETTINGS)
-def test_batch_equals_one_at_a_time(demo_engine, params):
-    retrieval = RetrievalConfig(depth=6, neighbourhood=3)
-    batch = demo_engine.query(QUESTIONS, params, retrieval)
-    for question, got in zip(QUESTIONS, batch, strict=True):
-        alone = demo_engine.query([question], params, retrieval)[0]
-        assert [(c.doc_id, c.char_start, c.char_end, c.seed_ids) for c in alone] == [
-            (c.doc_id, c.char_start, c.char_end, c.seed_ids) for c in got
-        ]
-        np.testing.assert_allclose([c.score for c in alone], [c.score for c in got], rtol=1e-5, atol=1e-6)
-
-
-def test_answers_the_obvious(demo_engine):
-    results = demo_engine.query(["Who introduced the lens of concentric prisms in 1822?"])
-    assert "Fresnel" in results[0][0].text
 
 
 def test_cli_query_jsonl_and_parquet(demo_store, tmp_path, capsys):
@@ -139,8 +76,8 @@ def test_cli_query_rejects_bad_queries_file(demo_store, tmp_path, capsys):
 
 def test_ray_query_job_equals_local(demo_store, ray_session):
     from engine.query import Engine
-    from jobs.query_cmd import result_rows
     from jobs.query_ray import run_query_job
+    from jobs.results import result_rows
 
     params, retrieval = QascParams(top_k=2, radius=1), RetrievalConfig(depth=6, neighbourhood=2)
     ids = [f"q{i}" for i in range(len(QUESTIONS))]
@@ -152,14 +89,14 @@ def test_ray_query_job_equals_local(demo_store, ray_session):
     np.testing.assert_allclose([r["score"] for r in remote], [r["score"] for r in local], rtol=1e-5, atol=1e-6)
 
 
-def test_chroma_general_every_question_answered(chroma_store):
+def test_rows_round_trip_to_chunks(demo_store):
     from engine.query import Engine
+    from jobs.results import result_rows, row_from_record, rows_to_chunks, rows_to_columns
 
-    engine = Engine.open(str(chroma_store), device="cpu")
-    with open(CHROMA_QUESTIONS, newline="", encoding="utf-8") as fh:
-        questions = [row["question"] for row in csv.DictReader(fh)]
-    assert len(questions) == 472
-    params = QascParams(top_k=3, radius=1)
-    results = engine.query(questions, params)
-    assert len(results) == 472 and all(results)
-    _check_chunks(engine, results, params)
+    ids = [f"q{i}" for i in range(len(QUESTIONS))]
+    results = Engine.open(str(demo_store), device="cpu").query(QUESTIONS, QascParams(top_k=2))
+    rows = result_rows(ids, results)
+    assert rows_to_chunks(ids, rows) == results
+    columns = rows_to_columns(rows)
+    again = [row_from_record({k: columns[k][i] for k in columns}) for i in range(len(rows))]
+    assert again == rows

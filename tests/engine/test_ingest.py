@@ -18,9 +18,10 @@ from hypothesis import strategies as st
 from engine.config import EmbedderConfig, EngineConfig
 from engine.errors import QascError
 from engine.splitter import split_sentences
-from engine.store import Store, cap_tokens, count_tokens, ingest, load_tokenizer, verify_store
+from engine.store import IngestConfig, IngestProgress, Store, ingest, verify_store
+from engine.tokencap import cap_tokens, count_tokens, load_tokenizer
 from tests.conftest import CHROMA
-from tests.test_store import DOCS, write_corpus
+from tests.engine.test_store import DOCS, write_corpus
 
 
 def tiny(model: str) -> EngineConfig:
@@ -47,9 +48,9 @@ class HashEmbedder:
 
 
 @pytest.fixture
-def hash_embedder(monkeypatch):
-    """ingest(local=True) embeds with HashEmbedder instead of loading the model."""
-    monkeypatch.setattr("engine.chunker.embedder_from", lambda config: HashEmbedder(config.embedder.model))
+def hash_embedder(tiny_model):
+    """A HashEmbedder with the tiny model's tokenizer, handed to ingest(embedder=...) instead of the model."""
+    return HashEmbedder(tiny_model)
 
 
 def check_offsets(store: Store, cap: int = 128) -> None:
@@ -114,8 +115,7 @@ def test_input_kinds_ids_and_metadata(tmp_path, tiny_model, capsys):
     parquet = tmp_path / "table.parquet"
     pq.write_table(pa.table({"id": ["p1", "p2"], "text": ["Parquet row one.", "Parquet row two. Second."],
                              "score": [0.5, 1.5]}), parquet)
-    summary = ingest([str(folder), str(single), str(jsonl), str(parquet)], tmp_path / "s", tiny(tiny_model),
-                     progress=False)
+    summary = ingest([str(folder), str(single), str(jsonl), str(parquet)], tmp_path / "s", tiny(tiny_model))
     assert "skipped 1 file(s)" in capsys.readouterr().err
     store = Store.open(tmp_path / "s")
     assert store.doc_ids == ["alpha", "beta", "gamma", "sub/nested", "single", "j1", "7", "p1", "p2"]
@@ -134,9 +134,9 @@ def test_append_refuses_other_model_and_duplicates(tmp_path, tiny_model):
     first = write_corpus(tmp_path / "a", {"one": "First document. Two sentences."})
     second = write_corpus(tmp_path / "b", {"two": "Second document here.", "three": "Third one."})
     store = tmp_path / "s"
-    ingest([str(first)], store, tiny(tiny_model), progress=False)
+    ingest([str(first)], store, tiny(tiny_model))
     before = Store.open(store)
-    summary = ingest([str(second)], store, progress=False)  # settings come from the store
+    summary = ingest([str(second)], store)  # settings come from the store
     after = Store.open(store)
     assert summary["documents"] == 2 and summary["store_documents"] == 3
     assert after.doc_ids == ["one", "three", "two"] and after.manifest["generation"] == 2
@@ -145,11 +145,11 @@ def test_append_refuses_other_model_and_duplicates(tmp_path, tiny_model):
     assert [s["id"] for s in after.manifest["shards"]] == [0, 1]
     manifest = (store / "manifest.json").read_bytes()
     with pytest.raises(QascError, match="duplicate doc_id 'three'.*already in the store"):
-        ingest([str(second)], store, progress=False)
+        ingest([str(second)], store)
     with pytest.raises(QascError, match="refusing to add embeddings of 'all-MiniLM-L6-v2'"):
-        ingest([str(write_corpus(tmp_path / "c", {"four": "Four."}))], store, EngineConfig(), progress=False)
+        ingest([str(write_corpus(tmp_path / "c", {"four": "Four."}))], store, EngineConfig())
     with pytest.raises(QascError, match="max_sentence_tokens"):
-        ingest([str(tmp_path / "c")], store, progress=False, max_sentence_tokens=64)
+        ingest([str(tmp_path / "c")], store, settings=IngestConfig(max_sentence_tokens=64))
     assert (store / "manifest.json").read_bytes() == manifest and not (store / "_staging").exists()
     assert all(ok for _, ok, _ in verify_store(store))
 
@@ -164,7 +164,7 @@ def test_ten_megabyte_line_without_breaks(tmp_path, tiny_model, hash_embedder):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "line.txt").write_text(text)
     t0 = time.perf_counter()
-    summary = ingest([str(tmp_path / "in")], tmp_path / "s", tiny(tiny_model), progress=False)
+    summary = ingest([str(tmp_path / "in")], tmp_path / "s", tiny(tiny_model), embedder=hash_embedder)
     store = Store.open(tmp_path / "s")
     doc = store.docs[0]
     assert store.doc_ids == ["line"] and doc.text == text and summary["sentences"] == len(doc)
@@ -181,7 +181,7 @@ def test_chroma_general_one_document_per_file_exact_offsets(tmp_path, tiny_model
     corpora = CHROMA / "corpora"
     if not corpora.is_dir():
         pytest.skip(f"chroma_general not found at {CHROMA}")
-    ingest([str(corpora)], tmp_path / "s", tiny(tiny_model), progress=False)
+    ingest([str(corpora)], tmp_path / "s", tiny(tiny_model), embedder=hash_embedder)
     store = Store.open(tmp_path / "s")
     files = sorted(corpora.glob("*.md"))
     assert store.doc_ids == [f.stem for f in files]
@@ -204,7 +204,7 @@ def test_cli_log_lines_summary_and_bar(tmp_path, tiny_model, capsys):
     assert re.search(r"qasc ingest: shard 3/3, \d+ sentences, [\d.]+ sentences/s, eta \d+ s", err)
     assert Store.open(tmp_path / "s").manifest["dtype"] == "float16"
     summary = ingest([str(write_corpus(tmp_path / "d", {"delta": "One more. And another."}))], tmp_path / "s",
-                     progress=True)
+                     progress=IngestProgress(bar=True))
     err = capsys.readouterr().err
     assert "qasc ingest" in err and "sent" in err and summary["store_documents"] == 4
     assert main(["verify", "--store", str(tmp_path / "s")]) == 0

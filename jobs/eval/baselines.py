@@ -2,7 +2,7 @@
 
 Every baseline is embedded by the same model (engine.embedder.Embedder, all-MiniLM-L6-v2 by default,
 which reads the first 256 word-pieces of a chunk) and searched with the same exact inner-product index
-(engine.evaluation.retrieval). Chunkers whose spans are expensive to compute (semantic, perplexity,
+(jobs.eval.retrieval). Chunkers whose spans are expensive to compute (semantic, perplexity,
 agentic) are cached on disk by the harness under their `key()`.
 """
 
@@ -17,7 +17,7 @@ from engine.errors import QascError
 
 Span = tuple[int, int]
 CL100K_SEPARATORS = ["\n\n", "\n", ".", "?", "!", " ", ""]
-SENTENCE_MAX_TOKENS = 128  # the store's cap (engine.store.DEFAULT_MAX_SENTENCE_TOKENS)
+SENTENCE_MAX_TOKENS = 128  # the store's cap (engine.tokencap.DEFAULT_MAX_SENTENCE_TOKENS)
 
 
 def _trimmed(text: str, spans: Sequence[Span]) -> list[Span]:
@@ -132,7 +132,7 @@ def _langchain_spans(splitter, text: str) -> list[Span]:
 def sentence_spans(text: str, doc_id: str, tokenizer, max_tokens: int = SENTENCE_MAX_TOKENS):
     """text -> the store's sentences (engine.splitter, then the store's token cap): Sentences with n_tokens."""
     from engine.splitter import split_sentences
-    from engine.store import cap_tokens
+    from engine.tokencap import cap_tokens
 
     return cap_tokens(split_sentences(text, doc_id), tokenizer, max_tokens)
 

@@ -3,7 +3,6 @@ test here (or names the test elsewhere that covers it); test_table_matches_the_t
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
@@ -20,11 +19,11 @@ import pytest
 
 from engine.config import EmbedderConfig, EngineConfig
 from engine.errors import QascError
-from engine.store import Store, ingest, verify_store
+from engine.store import IngestConfig, Store, ingest, verify_store
 from jobs.cli import main
 from tests.conftest import REPO
-from tests.test_ingest import HashEmbedder
-from tests.test_store import write_corpus
+from tests.engine.test_ingest import HashEmbedder
+from tests.engine.test_store import write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -163,16 +162,16 @@ CASES = [
 ]
 
 ELSEWHERE = {  # rows of the table covered by tests in other files
-    "ten-megabyte-line": "tests/test_ingest.py::test_ten_megabyte_line_without_breaks",
-    "parquet-truncated": "tests/test_verify.py::test_damage_is_detected",
-    "parquet-bitflip": "tests/test_verify.py::test_damage_is_detected",
-    "parquet-missing": "tests/test_verify.py::test_damage_is_detected",
-    "index-truncated": "tests/test_verify.py::test_damage_is_detected",
-    "index-bitflip": "tests/test_verify.py::test_damage_is_detected",
-    "offsets-outside": "tests/test_verify.py::test_offsets_outside_the_document_are_caught",
-    "incomplete-store": "tests/test_ingest_resume.py::test_sigkill_at_several_points_then_rerun",
-    "corrupt-manifest": "tests/test_store.py::test_open_errors",
-    "query-embeddings": "tests/test_store.py::test_search_pads_missing_hits_and_rejects_bad_queries",
+    "ten-megabyte-line": "tests/engine/test_ingest.py::test_ten_megabyte_line_without_breaks",
+    "parquet-truncated": "tests/engine/test_verify.py::test_damage_is_detected",
+    "parquet-bitflip": "tests/engine/test_verify.py::test_damage_is_detected",
+    "parquet-missing": "tests/engine/test_verify.py::test_damage_is_detected",
+    "index-truncated": "tests/engine/test_verify.py::test_damage_is_detected",
+    "index-bitflip": "tests/engine/test_verify.py::test_damage_is_detected",
+    "offsets-outside": "tests/engine/test_verify.py::test_offsets_outside_the_document_are_caught",
+    "incomplete-store": "tests/engine/test_ingest_resume.py::test_sigkill_at_several_points_then_rerun",
+    "corrupt-manifest": "tests/engine/test_store.py::test_open_errors",
+    "query-embeddings": "tests/engine/test_store.py::test_search_pads_missing_hits_and_rejects_bad_queries",
 }
 API_CASES = ["nan-embeddings", "disk-full", "query-model"]  # the test functions below
 
@@ -185,8 +184,7 @@ def tree_digest(path: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def base_store(tmp_path_factory, tiny_model) -> Path:
     tmp = tmp_path_factory.mktemp("base")
-    ingest([str(write_corpus(tmp / "c"))], tmp / "store", EngineConfig(embedder=EmbedderConfig(model=tiny_model)),
-           progress=False)
+    ingest([str(write_corpus(tmp / "c"))], tmp / "store", EngineConfig(embedder=EmbedderConfig(model=tiny_model)))
     return tmp / "store"
 
 
@@ -222,38 +220,27 @@ def test_bad_input(case, tmp_path, base_store, tiny_model, capsys):
             assert (tree_digest(path) if path.is_dir() else path.read_bytes()) == content
 
 
-def test_nan_embeddings(tmp_path, tiny_model, monkeypatch):
-    monkeypatch.setattr("engine.chunker.embedder_from", lambda c: HashEmbedder(c.embedder.model, poison="NaN here"))
+def test_nan_embeddings(tmp_path, tiny_model):
     docs = {"a": "Fine sentence.", "b": "This one has NaN here. Fine again.", "c": "Also fine."}
     with pytest.raises(QascError, match=r"shard 1 \(documents 'b' \.\. 'b'\): the embedding model produced "
                                         r"NaN/inf vectors; refusing to store them"):
         ingest([str(write_corpus(tmp_path / "c", docs))], tmp_path / "store",
-               EngineConfig(embedder=EmbedderConfig(model=tiny_model)), progress=False, shard_chars=10)
+               EngineConfig(embedder=EmbedderConfig(model=tiny_model)), IngestConfig(shard_chars=10),
+               embedder=HashEmbedder(tiny_model, poison="NaN here"))
     assert not (tmp_path / "store").exists()  # shard 0 was written, then rolled back with the rest
 
 
 def test_disk_full(tmp_path, tiny_model, monkeypatch, base_store):
     """ENOSPC while writing: a clear message, the finished shards are kept, the same command resumes."""
-    import engine.store as store_mod
-
-    real = store_mod._atomic_parquet
-    calls = {"n": 0}
-
-    def full_disk(table, path, row_group_size):
-        calls["n"] += 1
-        if calls["n"] == 3:  # shard 0 = 2 files fine, shard 1 hits a full disk
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-        real(table, path, row_group_size)
-
-    monkeypatch.setattr(store_mod, "_atomic_parquet", full_disk)
+    monkeypatch.setenv("QASC_FAILPOINT", "parquet-write:3:enospc")  # shard 0 = 2 files fine, shard 1: disk full
     corpus = write_corpus(tmp_path / "c")
     config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
     with pytest.raises(QascError, match=r"cannot write shard 1 into .*: No space left on device; finished shards "
                                         r"are kept, run the same ingest again to resume"):
-        ingest([str(corpus)], tmp_path / "store", config, progress=False, shard_chars=100)
+        ingest([str(corpus)], tmp_path / "store", config, settings=IngestConfig(shard_chars=100))
     assert len(list((tmp_path / "store" / "_staging" / "shards").glob("*.json"))) == 1
-    monkeypatch.setattr(store_mod, "_atomic_parquet", real)
-    summary = ingest([str(corpus)], tmp_path / "store", config, progress=False, shard_chars=100)
+    monkeypatch.delenv("QASC_FAILPOINT")
+    summary = ingest([str(corpus)], tmp_path / "store", config, settings=IngestConfig(shard_chars=100))
     assert summary["resumed_shards"] == 1 and all(ok for _, ok, _ in verify_store(tmp_path / "store"))
 
 

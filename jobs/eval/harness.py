@@ -8,7 +8,6 @@ ablations -> offline stand-in subset -> report (report.md, results.json, PNG plo
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import platform
@@ -21,12 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import QascError
-from engine.evaluation import baselines as B
-from engine.evaluation import qasc as Q
-from engine.evaluation.crossval import CVResult, best_in_sample, leave_one_corpus_out
-from engine.evaluation.data import Dataset, Question, load_dataset
-from engine.evaluation.metrics import bootstrap_ci, score_spans
-from engine.evaluation.retrieval import (
+from jobs.eval import baselines as B
+from jobs.eval import qasc as Q
+from jobs.eval.crossval import CVResult, best_in_sample, leave_one_corpus_out
+from jobs.eval.data import Dataset, Question, load_dataset
+from jobs.eval.metrics import bootstrap_ci, score_spans
+from jobs.eval.retrieval import (
     ChunkSet,
     EvalCache,
     Hit,
@@ -54,7 +53,7 @@ METRIC_KEYS = ("precision", "recall", "iou", "f1", "tokens", "retrieved_chars", 
 class EvalConfig:
     """Everything one `qasc eval` run depends on (saved in results.json)."""
 
-    data_dir: str | None = None
+    data_dir: str
     out_dir: str = "eval-out"
     cache_dir: str | None = DEFAULT_CACHE_DIR
     methods: tuple[str, ...] = B.DEFAULT_METHODS
@@ -67,7 +66,7 @@ class EvalConfig:
     judge_questions: int = 40
     n_boot: int = 1000
     seed: int = 0
-    device: str = "cpu"
+    device: str = "auto"
     dtype: str = "fast"  # fast: bfloat16 on a CPU with native bf16 (5x faster there), else the engine's auto
     grid: str = "full"  # full | quick
 
@@ -167,7 +166,7 @@ def make_chunkers(names: Sequence[str], embedder, sentence_source, cfg: EvalConf
             if not cfg.llm_url:
                 log("llm-agentic skipped: it needs --llm-url")
                 continue
-            from engine.evaluation.llm import ChatClient
+            from jobs.eval.llm import ChatClient
 
             out.append(B.AgenticChunker(ChatClient(cfg.llm_url, cfg.llm_model), tok))
         else:
@@ -257,13 +256,14 @@ def default_engine_factory(dataset: Dataset, cache: EvalCache, out_dir: Path, de
                            embedder=None):
     """Ingest the corpora into a store (reused from the cache when it exists) and open the query engine.
 
-    `embedder` (same model and dtype as the store's config) is lent to the ingest so that it embeds with the
-    eval's large batches instead of loading a second model with the engine's small CPU batches.
+    `embedder` (same model and dtype as the store's config) is handed to the ingest so that it embeds with
+    the eval's large batches (16384-token batches embed 2-6x faster in bf16 on this CPU than the default 32
+    texts) instead of loading a second model with the engine's small CPU batches.
     """
     from engine.config import EmbedderConfig, EngineConfig
     from engine.embedder import model_fingerprint, resolve_model_path
     from engine.query import Engine
-    from engine.store import existing_manifest, ingest
+    from engine.store import IngestProgress, existing_manifest, ingest
 
     missing = [c for c in dataset.corpora if c not in dataset.files]
     if missing:
@@ -275,9 +275,8 @@ def default_engine_factory(dataset: Dataset, cache: EvalCache, out_dir: Path, de
         log(f"building the QASC store {store_dir}")
         t0 = time.perf_counter()
         config = EngineConfig(embedder=EmbedderConfig(device=device, dtype=dtype, batch_tokens=EVAL_BATCH_TOKENS))
-        with _lend_embedder(embedder):
-            ingest([dataset.files[c] for c in sorted(dataset.corpora)], str(store_dir), config, local=True,
-                   progress=False, log=log)
+        ingest([dataset.files[c] for c in sorted(dataset.corpora)], str(store_dir), config, embedder=embedder,
+               progress=IngestProgress(bar=False, log=log), log=log)
         log(f"  store built in {time.perf_counter() - t0:.1f} s")
     engine = Engine.open(str(store_dir), device=device)
     texts = {d.doc_id: d.text for d in engine.store.docs}
@@ -285,23 +284,6 @@ def default_engine_factory(dataset: Dataset, cache: EvalCache, out_dir: Path, de
         if texts.get(cid) != text:
             raise QascError(f"store {store_dir}: document {cid!r} differs from the data set's corpus text")
     return engine
-
-
-@contextlib.contextmanager
-def _lend_embedder(embedder):
-    """While ingesting, `engine.chunker.embedder_from` returns the already loaded eval embedder (the store has
-    no hook for one; 16384-token batches embed 2-6x faster in bf16 on this CPU than the default 32 texts)."""
-    import engine.chunker as chunker_mod
-
-    if embedder is None:
-        yield
-        return
-    original = chunker_mod.embedder_from
-    chunker_mod.embedder_from = lambda config: embedder
-    try:
-        yield
-    finally:
-        chunker_mod.embedder_from = original
 
 
 def seed_sentence_cache(engine, embedder, dataset: Dataset, cache: EvalCache) -> int:
@@ -450,7 +432,7 @@ def run_eval(cfg: EvalConfig, engine_factory: Callable | None = None, embedder=N
     """The whole evaluation -> results dict (also written to cfg.out_dir with the report and plots)."""
     from transformers.utils import logging as hf_logging
 
-    from engine.evaluation import report
+    from jobs.eval import report
 
     hf_logging.set_verbosity_error()  # "sequence longer than 512": we only count tokens of long chunks
     log = log or Log()
@@ -591,7 +573,7 @@ def run_ppl_subset(ds: Dataset, qemb: np.ndarray, chunksets, engine_factory, emb
 def faithfulness(runs: dict[str, MethodRun], cvs: dict[str, CVResult], ds: Dataset, cfg: EvalConfig,
                  cutter: TokenCutter, log) -> dict:
     """Generate-and-judge on a seeded sample of questions for every method's held-out selection."""
-    from engine.evaluation.llm import ChatClient, generate_and_judge
+    from jobs.eval.llm import ChatClient, generate_and_judge
 
     client = ChatClient(cfg.llm_url, cfg.llm_model)
     rng = np.random.default_rng(cfg.seed)

@@ -21,23 +21,23 @@ CACHE = os.environ.get("QASC_EVAL_CACHE", "/tmp/qasc-eval-cache")
 def chroma():
     if not (CHROMA / "corpora").is_dir():
         pytest.skip(f"chroma_general not found at {CHROMA}")
-    from engine.evaluation.data import load_dataset
+    from jobs.eval.data import load_dataset
 
     return load_dataset(CHROMA)
 
 
 @pytest.fixture(scope="module")
 def eval_embedder():
-    from engine.evaluation.harness import make_embedder
+    from jobs.eval.harness import make_embedder
 
     return make_embedder("cpu", "fast")
 
 
 def test_recursive_200_tokens_k5_matches_chroma(chroma, eval_embedder):
     """Chroma's report: RecursiveTokenChunker 200 tokens, overlap 0, k=5 -> recall 75.7, precision 6.5."""
-    from engine.evaluation.baselines import RecursiveTokenChunker
-    from engine.evaluation.harness import query_embeddings, score_hits
-    from engine.evaluation.retrieval import EvalCache, build_chunkset, ranked_hits
+    from jobs.eval.baselines import RecursiveTokenChunker
+    from jobs.eval.harness import query_embeddings, score_hits
+    from jobs.eval.retrieval import EvalCache, build_chunkset, ranked_hits
 
     cache = EvalCache(CACHE)
     chunks = build_chunkset(RecursiveTokenChunker(200), chroma.corpora, eval_embedder, cache)

@@ -12,9 +12,9 @@ import pytest
 
 from engine.config import EmbedderConfig, EngineConfig
 from engine.errors import QascError
-from engine.store import Store, file_digest, ingest, verify_store
+from engine.store import IngestConfig, Store, file_digest, ingest, verify_store
 from jobs.cli import main
-from tests.test_store import write_corpus
+from tests.engine.test_store import write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 def good_store(tmp_path_factory, tiny_model) -> Path:
     tmp = tmp_path_factory.mktemp("verify")
     ingest([str(write_corpus(tmp / "c"))], tmp / "store", EngineConfig(embedder=EmbedderConfig(model=tiny_model)),
-           progress=False, shard_chars=100)
+           IngestConfig(shard_chars=100))
     return tmp / "store"
 
 

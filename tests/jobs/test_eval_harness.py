@@ -18,11 +18,11 @@ import pytest
 import torch
 
 from engine.errors import QascError
-from engine.evaluation import qasc as Q
-from engine.evaluation.data import load_dataset
-from engine.evaluation.harness import EvalConfig, run_eval
-from engine.evaluation.retrieval import EvalCache, TokenCutter, build_chunkset, within_budget
 from engine.types import Chunk
+from jobs.eval import qasc as Q
+from jobs.eval.data import load_dataset
+from jobs.eval.harness import EvalConfig, run_eval
+from jobs.eval.retrieval import EvalCache, TokenCutter, build_chunkset, within_budget
 
 CORPORA = {
     "boats": "# Boats\n\nA sailboat uses wind. The keel keeps it upright. Sails catch the wind.\n\n"
@@ -63,7 +63,7 @@ class HashEmbedder:
     name, fingerprint, dim, dtype = "hash", "hash0001", 64, torch.float32
 
     def __init__(self):
-        from engine.store import load_tokenizer
+        from engine.tokencap import load_tokenizer
 
         self.tokenizer = load_tokenizer(None)
         self.encoded = 0
@@ -86,7 +86,7 @@ class FakeEngine:
     hit's similarity: enough of the engine's interface (query_embedded) to drive the harness."""
 
     def __init__(self, dataset, embedder):
-        from engine.evaluation.baselines import sentence_spans
+        from jobs.eval.baselines import sentence_spans
 
         self.docs = [sentence_spans(dataset.corpora[c], c, embedder.tokenizer) for c in sorted(dataset.corpora)]
         self.emb = [embedder.encode(d.texts()) for d in self.docs]
@@ -144,7 +144,7 @@ def test_loader_reads_offsets_and_rejects_bad_ones(tmp_path):
 
 
 def test_cache_avoids_re_embedding(tmp_path, embedder):
-    from engine.evaluation.baselines import FixedTokenChunker
+    from jobs.eval.baselines import FixedTokenChunker
 
     cache = EvalCache(tmp_path / "cache")
     chunker = FixedTokenChunker(8, embedder.tokenizer)
@@ -271,7 +271,7 @@ def test_agentic_chunker_and_judge_in_a_run(tmp_path, embedder, chat_server):
 
 
 def test_llm_client_and_judge_against_a_local_server():
-    from engine.evaluation.llm import ChatClient, generate_and_judge, parse_score
+    from jobs.eval.llm import ChatClient, generate_and_judge, parse_score
 
     server = HTTPServer(("127.0.0.1", 0), _ChatHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -2,18 +2,24 @@
 
 Kinds: `flat` (exact, IndexFlatIP), `ivf` (IndexIVFFlat, inverted lists trained by k-means) and `hnsw`
 (IndexHNSWFlat). `auto` picks flat below AUTO_FLAT_MAX rows and ivf above. Ids are always global sentence
-rows (vectors are added in row order). The index is built and serialised on CPU; `load_index` moves it to
+rows (vectors are added in row order). The index is built and serialised on CPU; `to_device` moves it to
 the GPU when faiss was built with GPU support and a GPU is present (HNSW stays on CPU: faiss has no GPU HNSW).
+`build_index` builds a store's index from its shards; `load_index` reads it back; `exact_search` is the
+numpy top-k used when a store is opened without its index.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
 from engine.errors import QascError
+from engine.store.files import read_table
+from engine.store.schema import embeddings_of
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
 AUTO_FLAT_MAX = 200_000  # rows; exact search over more than this is slower than an IVF probe
@@ -156,4 +162,85 @@ def search(index, query_emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray
         scores = np.concatenate([scores, np.full((q.shape[0], k - kk), -np.inf, np.float32)], axis=1)
         rows = np.concatenate([rows, np.full((q.shape[0], k - kk), -1, np.int64)], axis=1)
     scores[rows < 0] = -np.inf
+    return scores, rows
+
+
+def build_index(root: Path, shards: list[dict], old: dict | None, kind_requested: str, dim: int,
+                 log: Callable[[str], None]) -> tuple[bytes, dict]:
+    """All shard records (old + new, in order) -> (serialized index, manifest entry)."""
+    n = sum(s["n_sentences"] for s in shards)
+    kind = choose_kind(n, kind_requested)
+    old_index = old["index"] if old else None
+    reuse = old_index is not None and old_index["kind"] == kind and (kind_requested in ("auto", kind))
+    if reuse:
+        data = (root / old_index["file"]).read_bytes()
+        if sha256(data) != old["checksums"][old_index["file"]]["sha256"]:
+            raise QascError(f"{root / old_index['file']}: checksum mismatch (corrupt); run qasc verify")
+        index = deserialize(data, str(root / old_index["file"]))
+        params = old_index["params"]
+        start = old["counts"]["shards"]
+    else:
+        params = default_params(kind, n)
+        index = new_index(kind, dim, params)
+        start = 0
+        if kind == "ivf":
+            log(f"qasc ingest: training an IVF index ({params['nlist']} lists) over {n} sentences")
+            rows = training_sample(n, params["nlist"])
+            sample, base = [], 0
+            for s in shards:
+                sel = rows[(rows >= base) & (rows < base + s["n_sentences"])] - base
+                if len(sel):
+                    emb = embeddings_of(read_table(root, s["sentences"], ["embedding"]), dim, s["sentences"])
+                    sample.append(emb[sel])
+                base += s["n_sentences"]
+            train(index, np.concatenate(sample))
+    for s in shards[start:]:
+        add(index, embeddings_of(read_table(root, s["sentences"], ["embedding"]), dim, s["sentences"]))
+    if index.ntotal != n:
+        raise QascError(f"index holds {index.ntotal} vectors for {n} sentences")
+    entry = {"kind": kind, "requested": kind_requested, "metric": "inner_product", "ntotal": int(index.ntotal),
+             "params": params}
+    return serialize(index), entry
+
+
+def load_index(root: Path, manifest: dict):
+    """The store's index file, checked against the manifest (sha256, ntotal, dim), search parameters set."""
+    entry = manifest["index"]
+    path = root / entry["file"]
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise QascError(f"{path}: cannot read the index ({exc.strerror or exc})") from None
+    if sha256(data) != manifest["checksums"][entry["file"]]["sha256"]:
+        raise QascError(f"{path}: checksum mismatch (corrupt or truncated index); run qasc verify")
+    index = deserialize(data, str(path))
+    if index.ntotal != manifest["counts"]["sentences"] or index.d != manifest["dim"]:
+        raise QascError(f"{path}: index holds {index.ntotal} x {index.d}, the store has "
+                        f"{manifest['counts']['sentences']} x {manifest['dim']}")
+    params = entry.get("params", {})
+    if entry["kind"] == "ivf":
+        index.nprobe = int(params.get("nprobe", 1))
+    elif entry["kind"] == "hnsw":
+        index.hnsw.efSearch = int(params.get("efSearch", HNSW_EF_SEARCH))
+    return index
+
+
+def exact_search(emb: np.ndarray, query_emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """emb (N, dim), query_emb (Q, dim), k -> exact top-k (scores (Q, k) float32, rows (Q, k) int64)."""
+    if not isinstance(k, int | np.integer) or k < 1:
+        raise QascError(f"k must be a positive integer, got {k!r}")
+    q = np.asarray(query_emb, dtype=np.float32)
+    if q.ndim != 2 or q.shape[1] != emb.shape[1]:
+        raise QascError(f"query embeddings must have shape (Q, {emb.shape[1]}), got {tuple(q.shape)}")
+    if not np.isfinite(q).all():
+        raise QascError("query embeddings contain NaN or inf")
+    scores = np.full((len(q), k), -np.inf, np.float32)
+    rows = np.full((len(q), k), -1, np.int64)
+    kk = min(k, len(emb))
+    if kk and len(q):
+        sims = q @ emb.T  # (Q, N)
+        top = np.argpartition(-sims, kk - 1, axis=1)[:, :kk]
+        order = np.argsort(-np.take_along_axis(sims, top, 1), axis=1, kind="stable")
+        rows[:, :kk] = np.take_along_axis(top, order, 1)
+        scores[:, :kk] = np.take_along_axis(sims, rows[:, :kk], 1)
     return scores, rows

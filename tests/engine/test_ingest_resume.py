@@ -13,10 +13,10 @@ import pytest
 
 from engine.config import EmbedderConfig, EngineConfig
 from engine.errors import QascError
-from engine.store import Store, ingest, verify_store
+from engine.store import IngestConfig, Store, ingest, verify_store
 from jobs.cli import main
 from tests.conftest import REPO
-from tests.test_store import assert_same_store, snapshot, write_corpus
+from tests.engine.test_store import assert_same_store, snapshot, write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ def test_sigkill_at_several_points_then_rerun(tmp_path, tiny_model, capsys):
     names = [f"doc{i}" for i in range(8)]
     src = corpus(tmp_path / "c", names)
     config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
-    ingest([str(src)], tmp_path / "reference", config, progress=False, shard_chars=2000)
+    ingest([str(src)], tmp_path / "reference", config, settings=IngestConfig(shard_chars=2000))
     reference = snapshot(tmp_path / "reference")
     assert reference["counts"]["shards"] == 8
 
@@ -90,8 +90,8 @@ def test_killed_append_keeps_the_committed_store(tmp_path, tiny_model, capsys):
     first = corpus(tmp_path / "a", ["a0", "a1", "a2"])
     second = corpus(tmp_path / "b", ["b0", "b1", "b2", "b3"])
     for path in (tmp_path / "reference", tmp_path / "store"):
-        ingest([str(first)], path, config, progress=False, shard_chars=2000)
-    ingest([str(second)], tmp_path / "reference", progress=False, shard_chars=2000)
+        ingest([str(first)], path, config, settings=IngestConfig(shard_chars=2000))
+    ingest([str(second)], tmp_path / "reference", settings=IngestConfig(shard_chars=2000))
     before = snapshot(tmp_path / "store")
 
     args = ["ingest", str(second), "--store", str(tmp_path / "store"), "--local", "--shard-chars", "2000"]

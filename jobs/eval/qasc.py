@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.config import RetrievalConfig
-from engine.evaluation.retrieval import Hit
+from jobs.eval.retrieval import Hit
 from kernels.params import QascParams
 
 NEUTRAL = {"top_k": None, "budget_tokens": None, "score_margin": None}

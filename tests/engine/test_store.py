@@ -9,9 +9,17 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from engine import index as faiss_index
 from engine.errors import QascError
-from engine.store import DOCUMENTS_SCHEMA, Store, exact_search, ingest, sentences_schema, verify_store
+from engine.store import (
+    DOCUMENTS_SCHEMA,
+    IngestConfig,
+    Store,
+    exact_search,
+    ingest,
+    sentences_schema,
+    verify_store,
+)
+from engine.store import index as faiss_index
 
 DOCS = {
     "alpha": "# Alpha\n\nThe first document has two paragraphs. It talks about lighthouses and lenses.\n\n"
@@ -126,13 +134,13 @@ def small_store(tmp_path_factory, tiny_model) -> Path:
     tmp = tmp_path_factory.mktemp("small")
     path = tmp / "store"
     ingest([str(write_corpus(tmp / "corpus"))], path, EngineConfig(embedder=EmbedderConfig(model=tiny_model)),
-           progress=False, shard_chars=100)
+           IngestConfig(shard_chars=100))
     return path
 
 
 @pytest.mark.slow
 def test_round_trip_exact_offsets_and_schemas(small_store, tiny_model):
-    from engine.store import count_tokens, load_tokenizer
+    from engine.tokencap import count_tokens, load_tokenizer
 
     store = Store.open(small_store)
     assert store.doc_ids == sorted(DOCS) and [d.text for d in store.docs] == [DOCS[k] for k in sorted(DOCS)]
@@ -163,17 +171,12 @@ def test_round_trip_exact_offsets_and_schemas(small_store, tiny_model):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ivf", "hnsw"])
-def test_index_flag_and_float16(tmp_path, tiny_model, kind, monkeypatch):
+def test_index_flag_and_float16(tmp_path, tiny_model, kind):
     from engine.config import EmbedderConfig, EngineConfig
 
     config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
     corpus = write_corpus(tmp_path / "corpus")
-    if kind == "ivf":  # auto switches to ivf above the threshold
-        monkeypatch.setattr(faiss_index, "AUTO_FLAT_MAX", 5)
-        summary = ingest([str(corpus)], tmp_path / "s", config, progress=False, dtype_store="float16")
-    else:
-        summary = ingest([str(corpus)], tmp_path / "s", config, progress=False, index_kind="hnsw",
-                         dtype_store="float16")
+    summary = ingest([str(corpus)], tmp_path / "s", config, IngestConfig(index=kind, dtype_store="float16"))
     assert summary["index"] == kind
     store = Store.open(tmp_path / "s")
     assert store.manifest["index"]["kind"] == kind and store.manifest["dtype"] == "float16"

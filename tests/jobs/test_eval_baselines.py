@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.evaluation import baselines as B
+from jobs.eval import baselines as B
 
 TEXT = (
     "# Lighthouses\n\nA lighthouse is a tower that emits light. It guides ships at night. Fresnel lenses made "
@@ -17,7 +17,7 @@ TEXT = (
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from engine.store import load_tokenizer
+    from engine.tokencap import load_tokenizer
 
     return load_tokenizer(None)
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.evaluation.crossval import CVResult
-from engine.evaluation.data import Dataset
-from engine.evaluation.metrics import score_spans
+from jobs.eval.crossval import CVResult
+from jobs.eval.data import Dataset
+from jobs.eval.metrics import score_spans
 
 BASELINE_FAMILIES = ("fixed", "recursive")
 
