@@ -10,8 +10,10 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-for _key, _value in (("TOKENIZERS_PARALLELISM", "false"), ("HF_HUB_OFFLINE", "1"), ("RAY_USAGE_STATS_ENABLED", "0")):
-    os.environ.setdefault(_key, _value)
+from jobs.env import set_env_defaults
+
+set_env_defaults()
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # benchmarks use the bundled model only
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMA = Path(os.environ.get("QASC_CHROMA_DIR", REPO.parent / "shared" / "data" / "chroma_general"))

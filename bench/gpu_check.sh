@@ -6,7 +6,7 @@
 #   DEVICE=cpu PY=/tmp/gpuvenv/bin/python OUT=/tmp/gpu-dry bash bench/gpu_check.sh --tiny    # CPU dry run
 #
 # Steps (each ends with one JSON line; a step that cannot run records why):
-#   pytest_gpu       pytest -m gpu tests/test_gpu.py (kernels, embedder and engine: cuda == cpu)
+#   pytest_gpu       pytest -m gpu tests/engine/test_gpu.py (kernels, embedder and engine: cuda == cpu)
 #   embed            bench.embed: MiniLM sentences/s on the device (bf16 on CUDA), ours vs sentence-transformers
 #   kernels          bench.kernels --no-ref at Q up to 100k, L 256 and 4096 (a time budget; partial JSON per size)
 #   query_synthetic  bench.query over 1M synthetic sentences (random unit vectors), exact torch top-k: queries/s
@@ -133,7 +133,7 @@ GPU_NOTE=""; (( ON_GPU )) || GPU_NOTE="dry run on $DEVICE"
 # --- 1. GPU tests (their JSON line: the counts of pytest's junit report) -----------------------------------------
 if has pytest; then
   STEP_NOTE=$( (( ON_GPU )) || echo "no CUDA: every test skips") \
-    step pytest_gpu 60 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu.py \
+    step pytest_gpu 60 "$PY" -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_gpu.py \
     -o "addopts=-ra" --junit-xml="$WORK/pytest.xml"
   "$PY" - "$WORK/pytest.xml" "$WORK/pytest_gpu.json" <<'PYEOF' >>"$LOG" 2>&1 && summarize
 import json, sys, xml.etree.ElementTree as ET

@@ -65,11 +65,12 @@ def write_corpus(folder: Path, rounds: list[list[str]], stride: int) -> int:
 
 def ingest_once(corpus: Path, work: Path) -> dict:
     """One fresh local ingest; its summary plus `tokens` (model tokens of every stored sentence)."""
-    from engine.store import Store, ingest
+    from engine.store import IngestProgress, Store, ingest
 
     store = work / f"store-{time.monotonic_ns()}"
     try:
-        summary = ingest([str(corpus)], str(store), local=True, progress=False, log=lambda _m: None)
+        quiet = lambda _m: None  # noqa: E731
+        summary = ingest([str(corpus)], str(store), progress=IngestProgress(bar=False, log=quiet), log=quiet)
         summary["tokens"] = int(sum(int(d.n_tokens.sum()) for d in Store.open(store, load_index=False).docs))
         return summary
     finally:

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import CHROMA, emit_json, machine_info, median, percentile, print_table, sync, time_repeats
+from engine.query import DEFAULT_SLICE_SIZE
 
 DEFAULT_STORES = ("/tmp/cg", "/tmp/qasc-bench-store")
 
@@ -41,10 +42,10 @@ def find_or_build_store(store: str | None, corpora: str | None = None) -> str:
         if (Path(c) / "manifest.json").is_file():
             return c
     target = store or DEFAULT_STORES[-1]
-    from engine.store import ingest
+    from engine.store import IngestProgress, ingest
 
     print(f"building {target} from {corpora or CHROMA / 'corpora'} (local ingest) ...", flush=True)
-    ingest([str(corpora or CHROMA / "corpora")], target, local=True, progress=False)
+    ingest([str(corpora or CHROMA / "corpora")], target, progress=IngestProgress(bar=False))
     return target
 
 
@@ -70,7 +71,7 @@ class TorchStore:
         self.search_kind = search
         self.index = None
         if search == "faiss":
-            from engine import index as faiss_index
+            from engine.store import index as faiss_index
 
             idx = faiss_index.new_index("flat", dim, {})
             faiss_index.add(idx, self.embeddings)
@@ -82,7 +83,7 @@ class TorchStore:
         import torch
 
         if self.index is not None:
-            from engine import index as faiss_index
+            from engine.store import index as faiss_index
 
             return faiss_index.search(self.index, np.ascontiguousarray(query_emb, dtype=np.float32), k)
         q = torch.as_tensor(query_emb, dtype=torch.float32, device=self.device)
@@ -170,7 +171,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "CPU); e.g. bfloat16 on CPUs with avx512_bf16/AMX")
     p.add_argument("--batch", type=int, default=1000, help="queries in the batch run (questions.csv repeated)")
     p.add_argument("--single", type=int, default=100, help="queries in the loop of single queries")
-    p.add_argument("--slice", type=int, default=2048, help="queries per kernel slice (Engine.query_embedded)")
+    p.add_argument("--slice", type=int, default=DEFAULT_SLICE_SIZE,
+                   help="queries per kernel slice (Engine.query_embedded)")
     p.add_argument("--repeats", type=int, default=3, help="timed repeats of the batch runs (median)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--no-model", action="store_true", help="skip everything that embeds text (kernels only)")
@@ -215,7 +217,7 @@ def main(argv=None) -> dict:
     if args.synthetic:
         search = args.search
         if search == "auto":
-            from engine import index as faiss_index
+            from engine.store import index as faiss_index
 
             try:
                 search = "faiss" if faiss_index.gpu_available() else "torch"
@@ -271,7 +273,7 @@ def main(argv=None) -> dict:
     if with_model:
         lat = single_latencies(lambda q: engine.query([q], params, retrieval), single_q, device)
         loop = len(lat) / sum(lat)
-        batch_fn = (lambda: engine.query(batch_q, params, retrieval)) if args.slice == 2048 else (
+        batch_fn = (lambda: engine.query(batch_q, params, retrieval)) if args.slice == DEFAULT_SLICE_SIZE else (
             lambda: engine.query_embedded(engine.embed_queries(batch_q), params, retrieval, slice_size=args.slice))
         t_b = median(time_repeats(batch_fn, args.repeats, warmup=1, device=device))
         rows.append({"run": "end-to-end single", "queries": args.single, "p50 ms": 1e3 * median(lat),

@@ -1,23 +1,32 @@
-"""QASC engine: splitting, embedding, store, index and query engine (the stateful parts around kernels/)."""
+"""QASC engine: splitting, embedding, store, index and query engine (the stateful parts around kernels/).
 
-from engine.chunker import chunk
-from engine.config import EmbedderConfig, EngineConfig, RetrievalConfig
-from engine.embedder import Embedder
-from engine.splitter import SplitterConfig, split_sentences
-from engine.types import Chunk, Sentences
-from kernels.params import QascParams
+The names below load on first use (PEP 562), so that `import engine.errors` or `engine.store.schema`
+does not pull in torch and the model code.
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Chunk",
-    "EmbedderConfig",
-    "Embedder",
-    "EngineConfig",
-    "QascParams",
-    "RetrievalConfig",
-    "Sentences",
-    "SplitterConfig",
-    "chunk",
-    "split_sentences",
-]
+_EXPORTS = {
+    "Chunk": "engine.types",
+    "EmbedderConfig": "engine.config",
+    "Embedder": "engine.embedder",
+    "EngineConfig": "engine.config",
+    "QascParams": "kernels.params",
+    "RetrievalConfig": "engine.config",
+    "Sentences": "engine.types",
+    "SplitterConfig": "engine.splitter",
+    "chunk": "engine.chunker",
+    "split_sentences": "engine.splitter",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

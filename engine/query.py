@@ -8,7 +8,6 @@ into one region. A query's row is its regions in store order; QASC never crosses
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,49 +17,14 @@ from engine.config import EngineConfig, RetrievalConfig
 from engine.embedder import Embedder
 from engine.errors import QascError
 from engine.types import Chunk, Sentences
+from kernels.candidates import CandidateRows, candidate_rows
 from kernels.extents import neighbour_dots
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
 
 MAX_QUERY_CHARS = 10_000
 SIMS_BLOCK_ELEMENTS = 1 << 24  # gathered candidate vectors per block (64 MiB of float32)
-
-
-@dataclass(frozen=True)
-class CandidateRows:
-    """rows (Q, L) int64 global sentence rows (N_total for padding), valid (Q, L) bool, region (Q, L) int64."""
-
-    rows: torch.Tensor
-    valid: torch.Tensor
-    region: torch.Tensor
-
-
-def candidate_rows(
-    hits: torch.Tensor, doc_first: torch.Tensor, doc_last: torch.Tensor, neighbourhood: int, n_total: int
-) -> CandidateRows:
-    """hits (Q, K) int64 global rows (-1 = none); doc_first/doc_last (N_total,) int64: first/last row of
-    each row's document -> the sorted, de-duplicated candidate rows of each query and their region ids."""
-    q = hits.shape[0]
-    offsets = torch.arange(-neighbourhood, neighbourhood + 1, device=hits.device)
-    safe = hits.clamp(min=0)
-    cand = safe[:, :, None] + offsets  # (Q, K, 2w+1)
-    ok = (hits[:, :, None] >= 0) & (cand >= doc_first[safe][:, :, None]) & (cand <= doc_last[safe][:, :, None])
-    flat = torch.where(ok, cand, torch.full_like(cand, n_total)).reshape(q, -1)
-    flat = flat.sort(dim=1).values
-    dup = torch.zeros_like(flat, dtype=torch.bool)
-    dup[:, 1:] = flat[:, 1:] == flat[:, :-1]
-    flat = torch.where(dup, torch.full_like(flat, n_total), flat).sort(dim=1).values
-    valid = flat < n_total
-    width = int(valid.sum(dim=1).max()) if valid.numel() else 0
-    flat, valid = flat[:, :width], valid[:, :width]
-    safe_rows = torch.where(valid, flat, torch.zeros_like(flat))
-    new_region = torch.ones_like(valid)
-    if width > 1:
-        contiguous = flat[:, 1:] == flat[:, :-1] + 1
-        same_doc = doc_first[safe_rows[:, 1:]] == doc_first[safe_rows[:, :-1]]
-        new_region[:, 1:] = ~(contiguous & same_doc)
-    region = new_region.long().cumsum(dim=1)
-    return CandidateRows(flat, valid, torch.where(valid, region, torch.full_like(region, -1)))
+DEFAULT_SLICE_SIZE = 2048  # queries per kernel slice
 
 
 class Engine:
@@ -115,7 +79,7 @@ class Engine:
     def open(cls, store_dir: str, config: EngineConfig | None = None, device: str = "auto") -> Engine:
         """Open a store; the embedding model is the one recorded in its manifest (a mismatch is refused)."""
         from engine.embedder import resolve_device
-        from engine.store import Store
+        from engine.store.reader import Store
 
         store = Store.open(store_dir)
         stored = EngineConfig.from_dict(store.manifest.get("config", {}))
@@ -171,7 +135,7 @@ class Engine:
         query_emb: torch.Tensor,
         params: QascParams | None = None,
         retrieval: RetrievalConfig | None = None,
-        slice_size: int = 2048,
+        slice_size: int = DEFAULT_SLICE_SIZE,
     ) -> list[list[Chunk]]:
         """query_emb (Q, dim) -> per query, its chunks in rank order; streams in slices of `slice_size`."""
         params = params or self.config.qasc

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
+
+from jobs.env import set_env_defaults
 
 COMMANDS = {
     "demo": "run the main job on the built-in demo corpus and print the top chunks",
@@ -33,8 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    set_env_defaults()
     from engine.errors import QascError
 
     parser = build_parser()

@@ -7,6 +7,8 @@ import tempfile
 import time
 from importlib.resources import files
 
+from jobs.devices import add_device_argument
+
 DEMO_QUESTIONS = [
     "How long should sourdough dough proof, and at what temperature is it baked?",
     "Who invented the lens that made lighthouse beams visible far out to sea?",
@@ -18,19 +20,20 @@ DEMO_QUESTIONS = [
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default=None, help="store folder to (re)use; default: a temporary folder")
     p.add_argument("--top-k", type=int, default=2, help="chunks printed per question")
+    add_device_argument(p)
 
 
 def run(args: argparse.Namespace) -> int:
     from engine.query import Engine
-    from engine.store import ingest
-    from jobs.query_cmd import print_table
+    from engine.store import IngestProgress, ingest
+    from jobs.results import print_table
 
     corpus = files("engine") / "data" / "demo"
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="qasc-demo-") as tmp:
         store = args.store or f"{tmp}/store"
-        summary = ingest([str(corpus)], store, local=True, progress=False)
-        engine = Engine.open(store)
+        summary = ingest([str(corpus)], store, progress=IngestProgress(bar=False))
+        engine = Engine.open(store, device=args.device)
         params = engine.config.qasc.replace(top_k=args.top_k)
         results = engine.query(DEMO_QUESTIONS, params)
         print(f"demo store: {summary['documents']} documents, {summary['sentences']} sentences ({store})")

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 
-from engine.evaluation.baselines import DEFAULT_METHODS
-from engine.evaluation.data import DEFAULT_DATA_DIR
-from engine.evaluation.harness import DEFAULT_CACHE_DIR, QUICK_CORPORA, EvalConfig, run_eval
+from engine.errors import QascError
+from jobs.devices import add_device_argument
+from jobs.eval.baselines import DEFAULT_METHODS
+from jobs.eval.harness import DEFAULT_CACHE_DIR, QUICK_CORPORA, EvalConfig, run_eval
+
+DATA_ENV = "QASC_EVAL_DATA"
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -24,8 +28,8 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default=None, help=f"Chroma-format folder (corpora/*.md + questions.csv); "
-                   f"default {DEFAULT_DATA_DIR}")
+    p.add_argument("--data", default=None, help=f"Chroma-format folder (corpora/*.md + questions.csv); required "
+                   f"unless ${DATA_ENV} names one")
     p.add_argument("--out", required=True, help="output folder: report.md, results.json, *.png, spans.jsonl")
     p.add_argument("--methods", type=_names, default=DEFAULT_METHODS,
                    help="comma-separated methods (default: all): " + ", ".join(DEFAULT_METHODS)
@@ -44,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budgets", type=_ints, default=(100, 200, 400, 800), help="token budgets (model tokens)")
     p.add_argument("--ppl-corpora", type=_names, default=QUICK_CORPORA,
                    help="corpora the offline perplexity stand-in runs on (it is slow on CPU)")
-    p.add_argument("--device", default="cpu", help="cpu | cuda[:N] | auto for the embedder and the engine")
+    add_device_argument(p)
     p.add_argument("--dtype", default="fast", help="embedder precision: fast (bf16 on CPUs with native bf16, "
                    "else auto) | auto | float32 | bfloat16 | float16")
     p.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples for the 95%% intervals")
@@ -52,8 +56,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    data = args.data or os.environ.get(DATA_ENV)
+    if not data:
+        raise QascError(f"--data is required (a Chroma-format folder), or set ${DATA_ENV}")
     cfg = EvalConfig(
-        data_dir=args.data, out_dir=args.out,
+        data_dir=data, out_dir=args.out,
         cache_dir=None if str(args.cache_dir).lower() == "none" else args.cache_dir,
         methods=tuple(args.methods), llm_url=args.llm_url, llm_model=args.llm_model, quick=args.quick,
         ks=tuple(args.ks), budgets=tuple(args.budgets), ppl_corpora=tuple(args.ppl_corpora),

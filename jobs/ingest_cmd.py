@@ -6,8 +6,11 @@ import argparse
 from dataclasses import asdict
 
 from engine.errors import QascError
-from engine.index import AUTO_FLAT_MAX, KINDS
-from engine.store import DEFAULT_SHARD_CHARS, ENCODING_ERRORS, STORE_DTYPES
+from engine.store.index import AUTO_FLAT_MAX, KINDS
+from engine.store.ingest import DEFAULT_SHARD_CHARS
+from engine.store.inputs import ENCODING_ERRORS
+from engine.store.schema import STORE_DTYPES
+from jobs.devices import add_device_argument
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -20,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m = p.add_argument_group("model (unset: the store's setting, else the default)")
     m.add_argument("--model", metavar="NAME_OR_PATH",
                    help="embedding model: a local folder or a Hugging Face name (default: all-MiniLM-L6-v2, bundled)")
-    m.add_argument("--device", metavar="DEV", help="auto | cpu | cuda | cuda:N (default auto)")
+    add_device_argument(m, default=None, unset="the store's setting, else auto")
     m.add_argument("--dtype", metavar="DTYPE",
                    help="compute dtype of the model: auto | float32 | float16 | bfloat16 (default auto: bf16/fp16 "
                         "on GPU, fp32 on CPU)")
@@ -65,7 +68,7 @@ def build_config(args: argparse.Namespace):
     """Flags -> EngineConfig: the store's config (or the defaults) with every given flag applied."""
     from engine.config import EmbedderConfig, EngineConfig
     from engine.splitter import SplitterConfig
-    from engine.store import existing_manifest
+    from engine.store.manifest import existing_manifest
 
     old = existing_manifest(args.store)
     base = EngineConfig.from_dict(old["config"]) if old else EngineConfig()
@@ -81,14 +84,32 @@ def build_config(args: argparse.Namespace):
         raise QascError(str(exc)) from None
 
 
-def run(args: argparse.Namespace) -> int:
-    from engine.store import ingest, summary_line
+def build_settings(args: argparse.Namespace):
+    """Flags -> IngestConfig (unset dtype/token cap: the store's setting, resolved by ingest)."""
+    from engine.store import IngestConfig, ReadOptions
 
-    summary = ingest(
-        args.paths, args.store, build_config(args), local=args.local, ray_address=args.ray_address,
-        workers=args.workers, index_kind=args.index, progress=args.progress, dtype_store=args.dtype_store,
-        max_sentence_tokens=args.max_sentence_tokens, shard_chars=args.shard_chars, encoding=args.encoding,
-        errors=args.errors, id_field=args.id_field, text_field=args.text_field,
-    )
+    return IngestConfig(index=args.index, dtype_store=args.dtype_store, max_sentence_tokens=args.max_sentence_tokens,
+                        shard_chars=args.shard_chars,
+                        read=ReadOptions(args.encoding, args.errors, args.id_field, args.text_field))
+
+
+def build_runner(args: argparse.Namespace):
+    """--local -> None (ingest's in-process runner), else the Ray Data pipeline with --workers actors."""
+    if args.workers < 1:
+        raise QascError(f"--workers must be >= 1, got {args.workers}")
+    if args.local:
+        if args.workers > 1:
+            raise QascError(f"--workers {args.workers} needs Ray; drop --local (the local path runs one embedder)")
+        return None
+    from jobs.ingest_ray import RayRunner
+
+    return RayRunner(workers=args.workers, ray_address=args.ray_address)
+
+
+def run(args: argparse.Namespace) -> int:
+    from engine.store import IngestProgress, ingest, summary_line
+
+    config, settings, runner = build_config(args), build_settings(args), build_runner(args)
+    summary = ingest(args.paths, args.store, config, settings, runner=runner, progress=IngestProgress(args.progress))
     print(summary_line(summary), flush=True)
     return 0

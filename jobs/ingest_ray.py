@@ -1,7 +1,8 @@
 """Ray Data pipeline of `qasc ingest`: read -> split (CPU tasks) -> embed (actor pool) -> write (driver).
 
-One row per shard flows through the pipeline (the shard is the unit of work and of resume). The stages
-call the same engine functions as the local path (engine/store.py): read_shard, split_shard, embed_shard;
+`RayRunner` is the shard runner that `qasc ingest` hands to `engine.store.ingest` (the engine never imports
+Ray). One row per shard flows through the pipeline (the shard is the unit of work and of resume). The stages
+call the same engine functions as the local path (engine/store/stages.py): read_shard, split_shard, embed_shard;
 the driver writes each finished shard atomically as it arrives, so the store lives on the driver's disk
 and a multi-node cluster only needs the inputs on a path every node can read. Embedding actors take
 num_gpus=1 each when the cluster has GPUs, else one CPU each (torch using the CPUs left per actor); a
@@ -10,6 +11,7 @@ killed actor is restarted and its shard retried (max_restarts / max_task_retries
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -17,20 +19,24 @@ import re
 import signal
 import socket
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
 from engine.errors import QascError
 from engine.store import IngestContext, ResumableError, ShardTask
+from jobs.env import set_env_defaults
 
 MAX_RESTARTS = 3  # an embedding actor killed mid-job is restarted this many times
 MAX_TASK_RETRIES = 3  # and its shard retried on the new actor
+FAULT_MARKER_ENV = "QASC_RAY_FAULT_MARKER"  # test only: the first embedding call SIGKILLs its actor once
 
 
 def read_split(row: dict, ctx: IngestContext) -> dict:
     """Ray task (CPU): {shard, task} -> {shard, payload=(docs, sentences)}."""
-    from engine.store import load_tokenizer, read_shard, split_shard
+    from engine.store.inputs import read_shard
+    from engine.store.stages import split_shard
+    from engine.tokencap import load_tokenizer
 
     task: ShardTask = pickle.loads(row["task"])
     docs = read_shard(task.docs, ctx.read)
@@ -52,7 +58,7 @@ class EmbedActor:
         self.fault_marker = fault_marker
 
     def __call__(self, batch: dict) -> dict:
-        from engine.store import embed_shard
+        from engine.store.stages import embed_shard
 
         out = []
         for shard, payload in zip(batch["shard"].tolist(), batch["payload"], strict=True):
@@ -95,9 +101,7 @@ def _probe(address: str) -> None:
 
 def connect(ray_address: str | None) -> bool:
     """Connects to ray_address (or RAY_ADDRESS), else starts a local instance; -> True if this call did it."""
-    for key, value in (("RAY_USAGE_STATS_ENABLED", "0"), ("RAY_AUTH_MODE", "disabled"),
-                       ("RAY_DATA_DISABLE_PROGRESS_BARS", "1")):
-        os.environ.setdefault(key, value)
+    set_env_defaults()
     import ray
 
     if ray_address:
@@ -131,7 +135,6 @@ def run_ray(
     ray_address: str | None,
     on_shard: Callable,
     on_split: Callable[[int, int], None] | None = None,
-    fault_marker: str | None = None,
 ) -> None:
     """Runs read -> split -> embed over `tasks` on Ray; calls on_shard(task, docs, sents, emb) on the driver.
 
@@ -140,6 +143,7 @@ def run_ray(
     started = connect(ray_address)
     import ray
 
+    fault_marker = os.environ.get(FAULT_MARKER_ENV)
     try:
         from ray.data import ActorPoolStrategy, DataContext
 
@@ -190,3 +194,35 @@ def run_ray(
     finally:
         if started:
             ray.shutdown()
+
+
+class RayRunner:
+    """The shard runner of `engine.store.ingest` on Ray: `ingest(..., runner=RayRunner(workers=2))`.
+
+    workers: embedding actors (one GPU each on a GPU cluster); ray_address: None = RAY_ADDRESS, else a new
+    local instance. Ray is connected when the ingest enters `session()`, before anything is written.
+    """
+
+    mode = "ray"
+
+    def __init__(self, workers: int = 1, ray_address: str | None = None) -> None:
+        if workers < 1:
+            raise QascError(f"--workers must be >= 1, got {workers}")
+        self.workers = workers
+        self.ray_address = ray_address
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[None]:
+        """Connects to Ray (a bad address writes nothing); disconnects what it connected."""
+        started = connect(self.ray_address)
+        try:
+            yield
+        finally:
+            if started:
+                import ray
+
+                ray.shutdown()
+
+    def run(self, tasks: Sequence[ShardTask], ctx: IngestContext, on_shard: Callable, progress) -> None:
+        run_ray(tasks, ctx, workers=self.workers, ray_address=self.ray_address, on_shard=on_shard,
+                on_split=progress.split)

@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
 
 from engine.errors import QascError
+from engine.query import DEFAULT_SLICE_SIZE
+from jobs.devices import add_device_argument
 from jobs.params_cli import add_qasc_arguments, params_from_args
-
-RESULT_COLUMNS = ("query_id", "rank", "doc_id", "char_start", "char_end", "score", "text", "n_tokens",
-                  "seed_ids", "sentence_start", "sentence_end")
+from jobs.query_ray import DEFAULT_WORKERS
+from jobs.results import print_table, result_rows, rows_to_chunks, write_results
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,12 +22,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "an optional `id` column; '-' reads one question per line from stdin")
     src.add_argument("--question", help="a single question; prints a table")
     p.add_argument("--out", help="results file, .jsonl or .parquet (by extension); without it, a table is printed")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N] for the model and the kernels")
-    p.add_argument("--batch-size", type=int, default=2048, help="queries per kernel slice (bounds memory)")
+    add_device_argument(p)
+    p.add_argument("--batch-size", type=int, default=DEFAULT_SLICE_SIZE,
+                   help=f"queries per kernel slice (bounds memory; default {DEFAULT_SLICE_SIZE})")
     p.add_argument("--ray", action="store_true", help="run as a Ray job: shards of queries on actors")
     p.add_argument("--ray-address", default=None, help="Ray cluster address ('auto' = the running cluster); "
                    "implies --ray; default: a local Ray instance")
-    p.add_argument("--workers", type=int, default=2, help="Ray query actors (each opens the store once)")
+    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
+                   help=f"Ray query actors (each opens the store once; default {DEFAULT_WORKERS})")
     add_qasc_arguments(p)
 
 
@@ -77,68 +78,6 @@ def read_queries(path: str) -> tuple[list[str], list[str]]:
     return ids, questions
 
 
-def result_rows(ids: list[str], results) -> list[dict]:
-    rows = []
-    for qid, chunks in zip(ids, results, strict=True):
-        for rank, c in enumerate(chunks):
-            rows.append({"query_id": qid, "rank": rank, "doc_id": c.doc_id, "char_start": c.char_start,
-                         "char_end": c.char_end, "score": c.score, "text": c.text, "n_tokens": c.n_tokens,
-                         "seed_ids": list(c.seed_ids), "sentence_start": c.sentence_start,
-                         "sentence_end": c.sentence_end})
-    return rows
-
-
-def write_results(rows: list[dict], out: str) -> None:
-    """Write atomically: a temp file beside the target, then rename."""
-    target = Path(out)
-    if target.suffix not in (".jsonl", ".parquet"):
-        raise QascError(f"--out must end in .jsonl or .parquet, got {out!r}")
-    if not target.parent.exists():
-        raise QascError(f"output folder does not exist: {target.parent}")
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    try:
-        if target.suffix == ".jsonl":
-            with open(tmp, "w", encoding="utf-8") as fh:
-                for row in rows:
-                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-        else:
-            import pyarrow as pa
-            import pyarrow.parquet as pq
-
-            table = pa.Table.from_pylist(rows, schema=RESULTS_SCHEMA()) if rows else RESULTS_SCHEMA().empty_table()
-            pq.write_table(table, tmp)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def RESULTS_SCHEMA():  # noqa: N802 - a constant, built lazily so that pyarrow loads only when needed
-    import pyarrow as pa
-
-    return pa.schema([
-        ("query_id", pa.string()), ("rank", pa.int32()), ("doc_id", pa.string()), ("char_start", pa.int64()),
-        ("char_end", pa.int64()), ("score", pa.float32()), ("text", pa.large_string()), ("n_tokens", pa.int32()),
-        ("seed_ids", pa.list_(pa.int32())), ("sentence_start", pa.int32()), ("sentence_end", pa.int32()),
-    ])
-
-
-def print_table(ids: list[str], questions: list[str], results, stream=None) -> None:
-    stream = stream or sys.stdout
-    for qid, question, chunks in zip(ids, questions, results, strict=True):
-        print(f"\n[{qid}] {question}", file=stream)
-        if not chunks:
-            print("    (no chunk above the thresholds)", file=stream)
-        for rank, c in enumerate(chunks):
-            text = " ".join(c.text.split())
-            text = text if len(text) <= 240 else text[:237] + "..."
-            print(f"  #{rank + 1} score {c.score:.3f}  {c.doc_id} [{c.char_start}:{c.char_end}] "
-                  f"{c.n_tokens} tok", file=stream)
-            print(f"      {text}", file=stream)
-
-
 def run(args: argparse.Namespace) -> int:
     from engine.query import Engine
 
@@ -153,10 +92,10 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     if args.ray or args.ray_address:
         from engine.config import EngineConfig
-        from engine.store import Store
+        from engine.store import read_manifest
         from jobs.query_ray import run_query_job
 
-        stored = EngineConfig.from_dict(Store.open(args.store, load_index=False).manifest.get("config", {}))
+        stored = EngineConfig.from_dict(read_manifest(args.store).get("config", {}))  # the actors open the store
         params, retrieval = params_from_args(args, stored.qasc, stored.retrieval)
         rows = run_query_job(args.store, ids, questions, params, retrieval, workers=args.workers,
                              ray_address=args.ray_address, device=args.device)
@@ -174,13 +113,6 @@ def run(args: argparse.Namespace) -> int:
               f"{len(questions) / max(seconds, 1e-9):.1f} queries/s -> {args.out}", file=sys.stderr)
     else:
         if results is None:
-            from engine.types import Chunk
-
-            results = [[] for _ in ids]
-            pos = {qid: i for i, qid in enumerate(ids)}
-            for r in rows:
-                results[pos[r["query_id"]]].append(Chunk(r["doc_id"], r["char_start"], r["char_end"], r["text"],
-                                                         r["score"], tuple(r["seed_ids"]), r["n_tokens"],
-                                                         r["sentence_start"], r["sentence_end"]))
+            results = rows_to_chunks(ids, rows)
         print_table(ids, questions, results)
     return 0

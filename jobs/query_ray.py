@@ -5,10 +5,13 @@ Output rows are sorted back into input order (query position, then rank), so the
 
 from __future__ import annotations
 
-import os
-
 from engine.config import RetrievalConfig
+from jobs.env import set_env_defaults
+from jobs.results import result_rows, row_from_record, rows_to_columns
 from kernels.params import QascParams
+
+DEFAULT_WORKERS = 2  # query actors
+DEFAULT_SHARD_SIZE = 512  # queries per actor call
 
 
 class QueryActor:
@@ -22,16 +25,12 @@ class QueryActor:
         self.retrieval = RetrievalConfig(**retrieval)
 
     def __call__(self, batch: dict) -> dict:
-        from jobs.query_cmd import result_rows
-
         questions = [str(q) for q in batch["question"]]
         ids = [str(i) for i in batch["query_id"]]
         results = self.engine.query(questions, self.params, self.retrieval)
         rows = result_rows(ids, results)
         order = {qid: int(pos) for qid, pos in zip(ids, batch["position"], strict=True)}
-        columns = {name: [r[name] for r in rows] for name in
-                   ("query_id", "rank", "doc_id", "char_start", "char_end", "score", "text", "n_tokens",
-                    "seed_ids", "sentence_start", "sentence_end")}
+        columns = rows_to_columns(rows)
         columns["position"] = [order[r["query_id"]] for r in rows]
         return columns
 
@@ -42,16 +41,16 @@ def run_query_job(
     questions: list[str],
     params: QascParams,
     retrieval: RetrievalConfig,
-    workers: int = 2,
+    workers: int = DEFAULT_WORKERS,
     ray_address: str | None = None,
     device: str = "auto",
-    shard_size: int = 512,
+    shard_size: int = DEFAULT_SHARD_SIZE,
 ) -> list[dict]:
     """Answer `questions` on a Ray actor pool -> result rows in the local path's order."""
     import ray
     from ray.data import ActorPoolStrategy
 
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    set_env_defaults()
     started_here = False
     if not ray.is_initialized():
         if ray_address:
@@ -60,9 +59,9 @@ def run_query_job(
             ray.init(num_cpus=max(2, workers), include_dashboard=False, log_to_driver=False)
         started_here = True
     try:
-        import torch
+        from engine.embedder import resolve_device
 
-        use_gpu = device != "cpu" and torch.cuda.is_available()
+        use_gpu = resolve_device(device).type == "cuda"
         pairs = enumerate(zip(ids, questions, strict=True))
         items = [{"position": i, "query_id": qid, "question": q} for i, (qid, q) in pairs]
         ds = ray.data.from_items(items)
@@ -80,13 +79,4 @@ def run_query_job(
     finally:
         if started_here:
             ray.shutdown()
-    out = []
-    for r in sorted(rows, key=lambda r: (int(r["position"]), int(r["rank"]))):
-        out.append({
-            "query_id": str(r["query_id"]), "rank": int(r["rank"]), "doc_id": str(r["doc_id"]),
-            "char_start": int(r["char_start"]), "char_end": int(r["char_end"]), "score": float(r["score"]),
-            "text": str(r["text"]), "n_tokens": int(r["n_tokens"]),
-            "seed_ids": [int(x) for x in r["seed_ids"]], "sentence_start": int(r["sentence_start"]),
-            "sentence_end": int(r["sentence_end"]),
-        })
-    return out
+    return [row_from_record(r) for r in sorted(rows, key=lambda r: (int(r["position"]), int(r["rank"])))]

@@ -4,6 +4,7 @@ No I/O, no model, no Ray: every function maps tensors to tensors on the device o
 `kernels.reference` holds a slow, loop-based twin of each function for the tests.
 """
 
+from kernels.candidates import CandidateRows, candidate_rows
 from kernels.extents import neighbour_dots, pick_extents, pooled_extent_scores, run_norms
 from kernels.merging import coverage, fill_gaps, label_segments, segment_scores, segment_spans, segment_sums
 from kernels.params import QascParams
@@ -14,8 +15,10 @@ from kernels.snapping import cap_breaks, snap_to_blocks
 from kernels.windows import decay_window_scores, expand_windows, keep_windows
 
 __all__ = [
+    "CandidateRows",
     "QascBatch",
     "QascParams",
+    "candidate_rows",
     "cap_breaks",
     "coverage",
     "decay_window_scores",

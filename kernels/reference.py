@@ -107,7 +107,7 @@ def percentile_threshold(sims: torch.Tensor, valid: torch.Tensor, percentile: fl
 def percentile_seeds(
     sims: torch.Tensor,
     valid: torch.Tensor,
-    percentile: float | torch.Tensor = 75.0,
+    percentile: float | torch.Tensor,
     min_seeds: int = 1,
     max_seeds: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -588,3 +588,38 @@ def focus_on_best(
             kept.append(row[j] if rg[j] == rg[b] and between <= gap else -_INF)
         out.append(kept)
     return _to_tensor(out, (q, s), scores.dtype, scores.device)
+
+
+def candidate_rows(
+    hits: torch.Tensor, doc_first: torch.Tensor, doc_last: torch.Tensor, neighbourhood: int, n_total: int
+):
+    """Per query: the set of rows within `neighbourhood` of a hit inside the hit's document, sorted; rows
+    padded with n_total to the widest query; a new region wherever a row does not follow the previous one
+    in the same document."""
+    from kernels.candidates import CandidateRows
+
+    first, last = doc_first.tolist(), doc_last.tolist()
+    per_query: list[list[int]] = []
+    for row in _rows(hits):
+        found: set[int] = set()
+        for h in row:
+            if h < 0:
+                continue
+            for r in range(h - neighbourhood, h + neighbourhood + 1):
+                if first[h] <= r <= last[h]:
+                    found.add(r)
+        per_query.append(sorted(found))
+    q = hits.shape[0]
+    width = max((len(c) for c in per_query), default=0)
+    rows = [[n_total] * width for _ in range(q)]
+    valid = [[False] * width for _ in range(q)]
+    region = [[-1] * width for _ in range(q)]
+    for i, cand in enumerate(per_query):
+        current = 0
+        for j, r in enumerate(cand):
+            if j == 0 or r != cand[j - 1] + 1 or first[r] != first[cand[j - 1]]:
+                current += 1
+            rows[i][j], valid[i][j], region[i][j] = r, True, current
+    dev = hits.device
+    return CandidateRows(_to_tensor(rows, (q, width), torch.long, dev), _to_tensor(valid, (q, width), torch.bool, dev),
+                         _to_tensor(region, (q, width), torch.long, dev))

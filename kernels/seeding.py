@@ -43,7 +43,7 @@ def similarity_ranks(sims: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 def percentile_seeds(
     sims: torch.Tensor,
     valid: torch.Tensor,
-    percentile: float | torch.Tensor = 75.0,
+    percentile: float | torch.Tensor,
     min_seeds: int = 1,
     max_seeds: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:

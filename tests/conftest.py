@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from jobs.env import set_env_defaults
+
+set_env_defaults()
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests use the bundled model only
 os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,7 +42,7 @@ def demo_store(tmp_path_factory) -> Path:
     from engine.store import ingest
 
     path = tmp_path_factory.mktemp("demo") / "store"
-    ingest([str(DEMO_CORPUS)], str(path), local=True, progress=False)
+    ingest([str(DEMO_CORPUS)], str(path))
     return path
 
 
@@ -55,7 +54,7 @@ def chroma_store(tmp_path_factory) -> Path:
     from engine.store import ingest
 
     path = tmp_path_factory.mktemp("chroma") / "store"
-    ingest([str(CHROMA / "corpora")], str(path), local=True, progress=False)
+    ingest([str(CHROMA / "corpora")], str(path))
     return path
 
 

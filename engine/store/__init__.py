@@ -1,0 +1,49 @@
+"""Arrow/Parquet sentence store: one module per concern.
+
+    schema    file names, Arrow schemas, the embedding column <-> numpy
+    files     atomic writes, digests, the writer's lock, Parquet reads, test failpoints
+    inputs    discover / decode / validate inputs, plan shards, read a shard back
+    stages    split -> embed -> write of one shard; the in-process shard runner
+    manifest  the committed manifest and the _staging area of a running ingest
+    index     FAISS index: kinds, build, load, search; exact numpy search
+    progress  the progress bar / log lines of an ingest
+    ingest    `ingest()` and `IngestConfig`: the orchestration of the stages
+    reader    `Store`: a committed store in memory
+    verify    `verify_store`: every integrity check
+"""
+
+from engine.store.files import ResumableError, file_digest
+from engine.store.index import exact_search
+from engine.store.ingest import DEFAULT_SHARD_CHARS, IngestConfig, ingest, summary_line
+from engine.store.inputs import DocRef, Document, ReadOptions, ShardTask
+from engine.store.manifest import existing_manifest, read_manifest
+from engine.store.progress import IngestProgress
+from engine.store.reader import Store
+from engine.store.schema import DOCUMENTS_SCHEMA, SENTENCE_COLUMNS, sentences_schema
+from engine.store.stages import IngestContext, LocalRunner, ShardRunner
+from engine.store.verify import verify_store
+
+__all__ = [
+    "DEFAULT_SHARD_CHARS",
+    "DOCUMENTS_SCHEMA",
+    "SENTENCE_COLUMNS",
+    "DocRef",
+    "Document",
+    "IngestConfig",
+    "IngestContext",
+    "IngestProgress",
+    "LocalRunner",
+    "ReadOptions",
+    "ResumableError",
+    "ShardRunner",
+    "ShardTask",
+    "Store",
+    "exact_search",
+    "existing_manifest",
+    "file_digest",
+    "ingest",
+    "read_manifest",
+    "sentences_schema",
+    "summary_line",
+    "verify_store",
+]

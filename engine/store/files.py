@@ -1,0 +1,120 @@
+"""Files of a store: atomic writes (temp name, fsync, rename), sha256 digests, the writer's lock, Parquet
+reads that name the file in their errors, and the crash-test failpoints.
+
+Failpoints are for tests only and are not parameters: `QASC_FAILPOINT=name[:n]` SIGKILLs the process the
+n-th time `name` is reached; `QASC_FAILPOINT=name:n:enospc` raises "No space left on device" there instead.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import fcntl
+import hashlib
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from engine.errors import QascError, first_line
+from engine.store.schema import LOCK
+
+
+class ResumableError(QascError):
+    """The run stopped for a reason outside the inputs (disk, cluster): finished shards are kept for a rerun."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}")
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    """fsync tmp, rename it over path, fsync the folder: path is either the old or the new file, never half."""
+    with open(tmp, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    tmp = _tmp_name(path)
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+    _publish(tmp, path)
+
+
+def atomic_parquet(table: pa.Table, path: Path, row_group_size: int) -> None:
+    """zstd Parquet with page checksums, written atomically."""
+    failpoint("parquet-write")
+    tmp = _tmp_name(path)
+    pq.write_table(table, tmp, row_group_size=row_group_size, compression="zstd", write_page_checksum=True)
+    _publish(tmp, path)
+
+
+def file_digest(path: Path) -> dict:
+    """path -> {"sha256": hex, "bytes": size}."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+            size += len(block)
+    return {"sha256": digest.hexdigest(), "bytes": size}
+
+
+def read_table(root: Path, rel: str, columns: list[str] | None = None) -> pa.Table:
+    """One Parquet file of the store, page checksums verified; QascError naming the file when it is bad."""
+    try:
+        return pq.read_table(root / rel, columns=columns, page_checksum_verification=True)
+    except FileNotFoundError:
+        raise QascError(f"{root / rel}: missing store file") from None
+    except (pa.ArrowException, OSError) as exc:
+        raise QascError(f"{root / rel}: corrupt or truncated Parquet file ({first_line(exc)})") from None
+
+
+@contextlib.contextmanager
+def locked(root: Path) -> Iterator[None]:
+    """Holds the store's writer lock (one ingest at a time); QascError when another ingest holds it."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise QascError(f"--store {root}: another ingest is writing this store right now") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+_FAILPOINT_HITS: collections.Counter = collections.Counter()
+
+
+def failpoint(name: str) -> None:
+    """Crash-test hook, off unless QASC_FAILPOINT names this point (see the module docstring)."""
+    spec = os.environ.get("QASC_FAILPOINT")
+    if not spec:
+        return
+    want, _, rest = spec.partition(":")
+    if want != name:
+        return
+    nth, _, action = rest.partition(":")
+    _FAILPOINT_HITS[name] += 1
+    if action == "enospc":
+        if _FAILPOINT_HITS[name] == int(nth or 1):
+            _FAILPOINT_HITS[name] = 0
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), name)
+    elif _FAILPOINT_HITS[name] >= int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)

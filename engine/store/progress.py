@@ -1,0 +1,73 @@
+"""Progress of an ingest: a tqdm bar (sentences, rate, ETA) on a terminal, else a log line per shard."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+
+LOG_EVERY_S = 5.0
+
+
+def log_stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+class IngestProgress:
+    """The progress callback of `ingest`: start(), split(), advance(), shard_done(), close().
+
+    bar: True / False forces the bar / the log lines; None (default) shows the bar on a TTY only.
+    """
+
+    def __init__(self, bar: bool | None = None, log: Callable[[str], None] | None = None) -> None:
+        self.want_bar = bar
+        self.log = log or log_stderr
+        self.bar = None
+
+    def start(self, total_chars: int, shards: int, done_chars: int, done_shards: int) -> None:
+        self.total_chars, self.shards = max(total_chars, 1), shards
+        self.done_chars, self.done_shards = done_chars, done_shards
+        self.split_chars = self.split_sents = 0
+        self.sentences = self.chars_here = 0
+        self.t0 = self.last = time.perf_counter()
+        if self.want_bar if self.want_bar is not None else sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=self._estimate(), unit="sent", desc="qasc ingest", file=sys.stderr,
+                            dynamic_ncols=True, smoothing=0.05)
+
+    def _estimate(self) -> int:
+        per_char = self.split_sents / self.split_chars if self.split_chars else 1 / 120
+        return int(round((self.total_chars - self.done_chars) * per_char))
+
+    def split(self, chars: int, sentences: int) -> None:
+        self.split_chars += chars
+        self.split_sents += sentences
+        if self.bar is not None:
+            self.bar.total = max(self._estimate(), self.bar.n)
+            self.bar.refresh()
+
+    def advance(self, n: int) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def shard_done(self, chars: int, sentences: int, embedded_here: bool) -> None:
+        self.done_shards += 1
+        self.sentences += sentences
+        self.chars_here += chars
+        if self.bar is not None:
+            if not embedded_here:
+                self.bar.update(sentences)
+            return
+        now = time.perf_counter()
+        if now - self.last >= LOG_EVERY_S or self.done_shards == self.shards:
+            self.last = now
+            elapsed = max(now - self.t0, 1e-9)
+            eta = elapsed * (self.total_chars - self.done_chars - self.chars_here) / max(self.chars_here, 1)
+            self.log(f"qasc ingest: shard {self.done_shards}/{self.shards}, {self.sentences} sentences, "
+                     f"{self.sentences / elapsed:.1f} sentences/s, eta {max(eta, 0):.0f} s")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -1,0 +1,64 @@
+"""Store format: file names, Arrow schemas of the two tables, and the embedding column <-> numpy.
+
+A store is one folder (README, "Store format"):
+    manifest.json                  written last, atomically; lists every file with its sha256 and size
+    documents/part-NNNNNN.parquet  DOCUMENTS_SCHEMA: doc_id, text, metadata (JSON), source, n_sentences
+    sentences/part-NNNNNN.parquet  sentences_schema(dim, dtype): doc_id, sentence, paragraph, section,
+                                   char_start, char_end, n_tokens, embedding fixed_size_list<float32|float16>[dim]
+    index-GGGG.faiss               FAISS index over every sentence row (id = global row), generation GGGG
+    _staging/                      only while an ingest runs or after it crashed: plan.json, shards/NNNNNN.json
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from engine.errors import QascError
+
+FORMAT = "qasc-store"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+STAGING = "_staging"
+LOCK = ".lock"
+DOCUMENTS_DIR = "documents"
+SENTENCES_DIR = "sentences"
+STORE_DTYPES = ("float32", "float16")
+SENTENCE_ROW_GROUP = 8192
+DOCUMENT_ROW_GROUP = 256
+
+DOCUMENTS_SCHEMA = pa.schema([
+    pa.field("doc_id", pa.string(), nullable=False),
+    pa.field("text", pa.large_string(), nullable=False),
+    pa.field("metadata", pa.string(), nullable=False),  # JSON object: the input's extra columns ({} for files)
+    pa.field("source", pa.string(), nullable=False),  # path, path:line (jsonl) or path#row (parquet)
+    pa.field("n_sentences", pa.int32(), nullable=False),
+])
+SENTENCE_COLUMNS = pa.schema([
+    pa.field("doc_id", pa.string(), nullable=False),
+    pa.field("sentence", pa.int32(), nullable=False),  # index within its document, 0..n-1
+    pa.field("paragraph", pa.int32(), nullable=False),
+    pa.field("section", pa.int32(), nullable=False),
+    pa.field("char_start", pa.int64(), nullable=False),  # text[char_start:char_end] is the sentence
+    pa.field("char_end", pa.int64(), nullable=False),
+    pa.field("n_tokens", pa.int32(), nullable=False),  # model tokens without specials, <= max_sentence_tokens
+])
+EMBEDDING_TYPES = {"float32": pa.float32(), "float16": pa.float16()}
+
+
+def sentences_schema(dim: int, dtype: str = "float32") -> pa.Schema:
+    """SENTENCE_COLUMNS + embedding fixed_size_list<dtype>[dim]."""
+    return SENTENCE_COLUMNS.append(pa.field("embedding", pa.list_(EMBEDDING_TYPES[dtype], dim), nullable=False))
+
+
+def shard_name(shard_id: int) -> str:
+    return f"part-{shard_id:06d}.parquet"
+
+
+def embeddings_of(table: pa.Table, dim: int, where: str) -> np.ndarray:
+    """sentences table -> (N, dim) float32."""
+    col = table.column("embedding")
+    if not pa.types.is_fixed_size_list(col.type) or col.type.list_size != dim:
+        raise QascError(f"{where}: embedding column is {col.type}, expected fixed_size_list<float>[{dim}]")
+    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    return arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False).reshape(-1, dim)

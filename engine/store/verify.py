@@ -1,0 +1,136 @@
+"""`verify_store`: every integrity check of a committed store, one (check, ok, detail) per line."""
+
+from __future__ import annotations
+
+import collections
+import json
+from pathlib import Path
+
+import numpy as np
+
+from engine.errors import QascError, first_line
+from engine.store import index as faiss_index
+from engine.store.files import file_digest
+from engine.store.manifest import read_manifest
+from engine.store.reader import load_shard
+from engine.store.schema import STAGING
+from engine.types import Sentences
+
+
+def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, bool, str]]:
+    """Every integrity check of a store -> [(check, ok, detail)]; QascError if it is not a complete store.
+
+    Checksums and sizes of every file, Parquet readability and row counts, unique doc ids, offsets inside
+    their document, token cap, finite unit-norm embeddings, index size/dim/kind and its vectors against the
+    stored embeddings (a sample of rows), and the model's fingerprint/dim where the model is available.
+    """
+    root = Path(path).expanduser().absolute()
+    manifest = read_manifest(root)
+    out: list[tuple[str, bool, str]] = []
+
+    def check(name: str, problems: list[str], ok_detail: str) -> None:
+        out.append((name, not problems, "; ".join(problems[:5]) + (f" (+{len(problems) - 5} more)"
+                                                                   if len(problems) > 5 else "") or ok_detail))
+
+    problems = []
+    for rel, digest in manifest["checksums"].items():
+        if not (root / rel).exists():
+            problems.append(f"{rel} missing")
+        elif file_digest(root / rel) != digest:
+            problems.append(f"{rel} differs from the manifest (sha256/size)")
+    check("checksums", problems, f"{len(manifest['checksums'])} files match the manifest")
+
+    docs: list[Sentences] = []
+    embs: list[np.ndarray] = []
+    problems = []
+    for shard in manifest["shards"]:
+        try:
+            d, _, _, e = load_shard(root, shard, manifest)
+            docs.extend(d)
+            embs.append(e)
+        except QascError as exc:
+            problems.append(str(exc))
+    n_sent = sum(len(d) for d in docs)
+    counts = manifest["counts"]
+    if not problems and (len(docs) != counts["documents"] or n_sent != counts["sentences"]
+                         or len(manifest["shards"]) != counts["shards"]):
+        problems.append(f"{len(docs)} documents / {n_sent} sentences, the manifest says "
+                        f"{counts['documents']} / {counts['sentences']}")
+    check("tables", problems, f"{counts['shards']} shards, {counts['documents']} documents, "
+                              f"{counts['sentences']} sentences readable, counts match")
+    loaded = not problems
+
+    problems = []
+    ids = [d.doc_id for d in docs]
+    dup = [k for k, v in collections.Counter(ids).items() if v > 1]
+    if dup:
+        problems.append(f"duplicate doc_ids {dup[:3]}")
+    cap = manifest["splitter"].get("max_sentence_tokens", 10**9)
+    for d in docs:
+        if len(d) and (d.char_start.min() < 0 or d.char_end.max() > len(d.text) or np.any(d.char_end <= d.char_start)):
+            problems.append(f"{d.doc_id}: sentence offsets outside the document")
+        elif len(d) and int(d.n_tokens.max()) > cap:
+            problems.append(f"{d.doc_id}: a sentence of {int(d.n_tokens.max())} tokens exceeds the cap {cap}")
+        elif np.any(np.diff(d.paragraph) < 0) or np.any(np.diff(d.section) < 0):
+            problems.append(f"{d.doc_id}: paragraph/section ids go backwards")
+    rng = np.random.default_rng(0)
+    for d in docs[:: max(1, len(docs) // 50)]:
+        for i in rng.choice(len(d), size=min(len(d), 20), replace=False).tolist() if len(d) else []:
+            s = d.text[int(d.char_start[i]):int(d.char_end[i])]
+            if s != s.strip():
+                problems.append(f"{d.doc_id}: sentence {i} has untrimmed offsets")
+    if not loaded:
+        problems.append("not checked: tables unreadable")
+    check("offsets", problems, f"{n_sent} sentence spans inside their documents, token cap {cap} holds")
+
+    dim = int(manifest["dim"])
+    emb = np.concatenate(embs) if embs else np.zeros((0, dim), np.float32)
+    problems = []
+    if len(emb):
+        if not np.isfinite(emb).all():
+            problems.append(f"{int((~np.isfinite(emb)).any(1).sum())} embeddings hold NaN/inf")
+        else:
+            norms = np.linalg.norm(emb, axis=1)
+            tol = 1e-2 if manifest["dtype"] == "float16" else 1e-3
+            if np.abs(norms - 1).max() > tol:
+                problems.append(f"{int((np.abs(norms - 1) > tol).sum())} embeddings are not unit-norm")
+    if not loaded:
+        problems.append("not checked: tables unreadable")
+    check("embeddings", problems, f"{len(emb)} x {dim} {manifest['dtype']}, finite, unit norm")
+
+    problems = []
+    try:
+        index = faiss_index.load_index(root, manifest)
+        if loaded and len(emb):
+            rows = np.unique(rng.integers(0, len(emb), size=min(sample, len(emb))))
+            got = faiss_index.reconstruct(index, rows)
+            if not np.allclose(got, emb[rows], atol=1e-6):
+                problems.append("index vectors differ from the stored embeddings")
+    except QascError as exc:
+        problems.append(str(exc))
+    check("index", problems, f"{manifest['index']['kind']} index of {manifest['index']['ntotal']} vectors, "
+                             f"dim {dim}, matches the embeddings")
+
+    problems, detail = [], ""
+    try:
+        from engine.embedder import model_fingerprint, resolve_model_path
+
+        model_path = resolve_model_path(manifest["config"]["embedder"].get("model"))
+        if Path(model_path).is_dir():
+            fp = model_fingerprint(model_path)
+            cfg = json.loads((Path(model_path) / "config.json").read_text())
+            hidden = int(cfg.get("hidden_size", cfg.get("dim", -1)))
+            if fp != manifest["fingerprint"]:
+                problems.append(f"model {manifest['model']!r} here has fingerprint {fp}, the store "
+                                f"{manifest['fingerprint']}")
+            if hidden != dim:
+                problems.append(f"model {manifest['model']!r} has dim {hidden}, the store {dim}")
+            detail = f"{manifest['model']} fingerprint {fp}, dim {hidden}"
+        else:
+            detail = f"model {manifest['model']!r} not available here; fingerprint not checked"
+    except (ImportError, OSError, ValueError) as exc:
+        detail = f"model {manifest['model']!r} not available here ({first_line(exc)}); not checked"
+    check("model", problems, detail)
+    if (root / STAGING).exists():
+        out.append(("pending", True, "an unfinished ingest is staged (_staging/); the committed store is intact"))
+    return out

@@ -1,0 +1,225 @@
+"""QASC inside the harness: the declared grid of settings, selectors, ablations, and the engine adapter.
+
+A setting is (QascParams, RetrievalConfig) with the selection knobs neutral (top_k, budget_tokens and
+score_margin unset): the engine returns every chunk it assembles, ranked, and the harness applies the
+selectors (top-k, score margin) and the token budgets itself, with the same rule as for the baselines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.config import RetrievalConfig
+from jobs.eval.retrieval import Hit
+from kernels.params import QascParams
+
+NEUTRAL = {"top_k": None, "budget_tokens": None, "score_margin": None}
+# The grid's own starting point, spelled out so that it does not move when the engine's defaults (the
+# setting this grid chose) change: plain sentences, no adaptive growth, seed-similarity ranking.
+GRID_BASE = {"percentile": 95.0, "radius": 0, "adaptive": False, "margin": None, "clip_to_paragraph": False,
+             "score": "seed_sim", "extent": "window", "max_extent": 3, "extent_penalty": 0.0, "max_picks": 10,
+             "focus_gap": None}
+DEFAULTS = QascParams(**{**GRID_BASE, **NEUTRAL})
+DEFAULT_RETRIEVAL = RetrievalConfig()
+SHORT = {"percentile": "p", "radius": "m", "decay": "lam", "factor": "f", "gap": "gap", "snap": "snap",
+         "score": "score", "margin": "margin", "threshold": "thr", "max_tokens": "cap", "min_seeds": "min",
+         "max_seeds": "max", "clip_to_paragraph": "clip", "adaptive": "adaptive", "merge": "merge",
+         "extent": "extent", "max_extent": "runs", "extent_penalty": "pen", "max_picks": "picks",
+         "focus_gap": "focus"}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One QASC configuration without its selection rule."""
+
+    params: QascParams
+    retrieval: RetrievalConfig
+
+    def key(self) -> str:
+        """Compact, stable name: the fields that differ from the defaults, e.g. `p90 m2 clip=T depth16 nb2`."""
+        parts = []
+        for name, short in SHORT.items():
+            value = getattr(self.params, name)
+            if name in ("percentile", "radius") or value != getattr(DEFAULTS, name):
+                if isinstance(value, bool):
+                    parts.append(f"{short}={'T' if value else 'F'}")
+                elif name in ("percentile", "radius"):
+                    parts.append(f"{short}{value:g}")
+                else:
+                    parts.append(f"{short}={value}")
+        return " ".join(parts) + f" depth{self.retrieval.depth} nb{self.retrieval.neighbourhood}"
+
+    def describe(self) -> dict:
+        return {"params": self.params.to_dict(), "retrieval": {"depth": self.retrieval.depth,
+                                                               "neighbourhood": self.retrieval.neighbourhood}}
+
+    def replace(self, retrieval: dict | None = None, **params: object) -> Setting:
+        r = self.retrieval
+        if retrieval:
+            r = RetrievalConfig(**{"depth": r.depth, "neighbourhood": r.neighbourhood, **retrieval})
+        return Setting(self.params.replace(**params), r)
+
+
+def setting(retrieval: dict | None = None, **params: object) -> Setting:
+    return Setting(QascParams(**{**GRID_BASE, **NEUTRAL, **params}), RetrievalConfig(**(retrieval or {})))
+
+
+# The declared grid: every combination of these axes (windows as whole bundles, so that e.g. a margin is
+# never tried without adaptive growth). Chosen per fold by leave-one-corpus-out cross-validation.
+WINDOWS = (
+    {"radius": 0},
+    {"radius": 1},
+    {"radius": 2, "clip_to_paragraph": True},
+    {"radius": 3, "adaptive": True, "margin": 0.05, "clip_to_paragraph": True},
+    {"radius": 3, "adaptive": True, "margin": 0.10, "clip_to_paragraph": True},
+    # query-adaptive extents: the best runs of up to 2 / 3 sentences by pooled-embedding cosine
+    {"extent": "pooled", "max_extent": 2, "clip_to_paragraph": True},
+    {"extent": "pooled", "max_extent": 3, "clip_to_paragraph": True},
+    {"extent": "pooled", "max_extent": 3, "clip_to_paragraph": False},
+)
+# Seeding bundles: the percentile rule alone (few seeds: precise top-k), or at least 16 seeds (the most
+# similar candidates), which lets a query return enough chunks to fill the larger token budgets.
+SEEDING = (
+    {"percentile": 75.0, "min_seeds": 1},  # pooled extents only: every run holding a top-quarter sentence
+    {"percentile": 95.0, "min_seeds": 1},
+    {"percentile": 90.0, "min_seeds": 1},
+    {"percentile": 95.0, "min_seeds": 16},
+)
+GRID_AXES: dict[str, Sequence] = {
+    "seeding": SEEDING,
+    "window": WINDOWS,
+    "gap": (0, 1),
+    "focus": (None, 2, 4, 6),  # focus_gap: keep only the best chunk's neighbours (pooled extents only)
+    "score": ("seed_sim", "window_max"),
+    "retrieval": ({"depth": 8, "neighbourhood": 2}, {"depth": 16, "neighbourhood": 2},
+                  {"depth": 16, "neighbourhood": 4}),
+}
+QUICK_AXES: dict[str, Sequence] = {
+    "seeding": (SEEDING[0], SEEDING[1]),
+    "window": (WINDOWS[0], WINDOWS[3], WINDOWS[6]),
+    "gap": (0,),
+    "focus": (None, 4),
+    "score": ("seed_sim",),
+    "retrieval": ({"depth": 8, "neighbourhood": 2},),
+}
+
+
+def qasc_grid(quick: bool = False) -> list[Setting]:
+    """The declared grid as a list of Settings (duplicates removed, declared order kept)."""
+    axes = QUICK_AXES if quick else GRID_AXES
+    out: dict[str, Setting] = {}
+    for seeding, window, gap, focus, score, retrieval in itertools.product(*axes.values()):
+        params = {**seeding, "gap": gap, "focus_gap": focus, "score": score, **window}
+        pooled = params.get("extent") == "pooled"
+        if focus is not None and not pooled:
+            continue  # the focus rule is declared for pooled extents (it is a selection rule for both)
+        if score != "seed_sim" and (params.get("radius", 0) == 0 or pooled):
+            continue  # with m = 0 (or pooled runs, scored by their own cosine) `score` changes nothing
+        if pooled and gap:
+            continue  # pooled picks are chunks of their own: gap filling does not apply
+        if params["percentile"] < 90 and not pooled:
+            continue  # low percentiles only make sense as a candidate filter for pooled runs
+        s = setting(retrieval, **params)
+        out.setdefault(s.key(), s)
+    return list(out.values())
+
+
+# Selection rules applied to the ranked chunks of a setting: top-k, or a score margin below the best
+# (capped at 10 chunks). Each is a candidate for cross-validation alongside the setting.
+MARGINS = (0.02, 0.05, 0.10, 0.15)
+
+
+def selectors(ks: Sequence[int]) -> list[str]:
+    return [f"k={k}" for k in ks] + [f"margin={m:g}" for m in MARGINS]
+
+
+def select(hits: Sequence[Hit], selector: str, cap: int = 10) -> list[Hit]:
+    kind, value = selector.split("=")
+    if kind == "k":
+        return list(hits[: int(value)])
+    if kind == "margin":
+        if not hits:
+            return []
+        best = hits[0][4]
+        return [h for h in hits[:cap] if h[4] >= best - float(value)]
+    raise ValueError(f"unknown selector {selector!r}")
+
+
+# Ablations: each maps the setting chosen on a fold to a variant (or None: not applicable).
+Ablation = tuple[str, Callable[[Setting], Setting | None]]
+
+
+def _widest(s: Setting) -> int:
+    return max(s.params.radius, 2)
+
+
+def _pooled(s: Setting) -> bool:
+    return s.params.extent == "pooled"
+
+
+ABLATIONS: list[Ablation] = [
+    ("sentences only (m=0, no pooled runs)", lambda s: s.replace(extent="window", radius=0, adaptive=False,
+                                                                 margin=None)),
+    ("fixed window (m=max(m,2), no adaptive growth)", lambda s: s.replace(extent="window", radius=_widest(s),
+                                                                         adaptive=False, margin=None)),
+    ("adaptive window (margin 0.05, up to m=max(m,2))", lambda s: s.replace(extent="window", radius=_widest(s),
+                                                                            adaptive=True, margin=0.05)),
+    ("pooled runs of up to 3 sentences", lambda s: s.replace(extent="pooled", max_extent=3)),
+    ("pooled runs of 1 sentence (max_extent=1)", lambda s: s.replace(max_extent=1) if _pooled(s) else None),
+    ("pooled runs without the seed filter (p=0)", lambda s: s.replace(percentile=0.0) if _pooled(s) else None),
+    ("no focus on the best chunk (focus_gap=None)", lambda s: s.replace(focus_gap=None)),
+    ("focus on the best chunk (focus_gap=4)", lambda s: s.replace(focus_gap=4)),
+    # window-mode steps: not applicable (None) when pooled extents were chosen
+    ("no decay (lambda=0)", lambda s: None if _pooled(s) else s.replace(decay=0.0)),
+    ("no score filter (factor=None)", lambda s: None if _pooled(s) else s.replace(factor=None)),
+    ("no merging (merge=False)", lambda s: None if _pooled(s) else s.replace(merge=False)),
+    ("no snapping (snap=none)", lambda s: s.replace(snap="none")),
+    ("snap to paragraph", lambda s: s.replace(snap="paragraph")),
+    ("no paragraph clipping", lambda s: s.replace(clip_to_paragraph=False)),
+    ("clip windows to paragraph", lambda s: s.replace(clip_to_paragraph=True)),
+    ("paper setting (p=75, m=3, wide regions)", lambda s: s.replace(
+        retrieval={"depth": 8, "neighbourhood": 25}, percentile=75.0, radius=3, adaptive=False, margin=None,
+        clip_to_paragraph=False, decay=0.3, factor=0.6, gap=0, snap="none", score="window_max", extent="window",
+        focus_gap=None)),
+]
+
+
+def chunks_to_hits(results) -> list[list[Hit]]:
+    """Engine output (per query, ranked engine.types.Chunk) -> per query, ranked Hits."""
+    return [[(c.doc_id, int(c.char_start), int(c.char_end), int(c.n_tokens), float(c.score),
+              int(c.sentence_end) - int(c.sentence_start) + 1) for c in row] for row in results]
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Run the small (Q, L) kernels single-threaded: on a busy 2-core machine intra-op threads made one
+    setting 2-4x slower (measured 1.1 s vs 2.3-5.0 s for 472 queries)."""
+    import torch
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
+
+
+def run_setting(engine, query_emb, s: Setting) -> list[list[Hit]]:
+    """One engine pass over every query (top_k/budget/margin unset): ranked chunks per query."""
+    with torch_threads(1):
+        return chunks_to_hits(engine.query_embedded(query_emb, s.params, s.retrieval))
+
+
+def sentence_histogram(hits_per_q: Sequence[Sequence[Hit]]) -> dict[str, int]:
+    """Returned chunk lengths in sentences -> counts (keys '1'..'9', '10+')."""
+    lengths = np.asarray([h[5] for row in hits_per_q for h in row if h[5] > 0], dtype=np.int64)
+    out = {}
+    for n in range(1, 10):
+        out[str(n)] = int((lengths == n).sum())
+    out["10+"] = int((lengths >= 10).sum())
+    return out

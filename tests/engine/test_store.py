@@ -1,0 +1,206 @@
+"""The store: schemas, round trip with exact offsets, every index kind against exact search, float16, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from engine.errors import QascError
+from engine.store import (
+    DOCUMENTS_SCHEMA,
+    IngestConfig,
+    Store,
+    exact_search,
+    ingest,
+    sentences_schema,
+    verify_store,
+)
+from engine.store import index as faiss_index
+
+DOCS = {
+    "alpha": "# Alpha\n\nThe first document has two paragraphs. It talks about lighthouses and lenses.\n\n"
+             "A second paragraph follows here. Fresnel built a lens in 1822.",
+    "beta": "Bread needs flour, water and salt. The dough rises overnight!\n\n## Baking\n\nBake it hot. "
+            "Then let it cool before cutting.",
+    "gamma": "Solar panels convert light into electricity. Batteries store the surplus for the night.",
+}
+
+
+def write_corpus(folder: Path, docs: dict[str, str] = DOCS) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in docs.items():
+        (folder / f"{name}.md").write_text(text, encoding="utf-8")
+    return folder
+
+
+def snapshot(path: str | Path) -> dict:
+    """Everything a store holds that must not depend on how it was built (crashes, resumes, Ray)."""
+    store = Store.open(path)
+    m = store.manifest
+    return {
+        "doc_ids": store.doc_ids,
+        "texts": [d.text for d in store.docs],
+        "metadata": store.metadata,
+        "arrays": [np.stack([d.char_start, d.char_end, d.paragraph, d.section, d.n_tokens]) for d in store.docs],
+        "embeddings": store.embeddings,
+        "index": faiss_index.reconstruct(store.index, np.arange(store.index.ntotal)),
+        "counts": m["counts"],
+        "shards": [{k: s[k] for k in ("id", "documents", "sentences", "n_documents", "n_sentences")}
+                   for s in m["shards"]],
+        "parquet": {k: v for k, v in m["checksums"].items() if k.endswith(".parquet")},
+        "index_kind": m["index"]["kind"],
+    }
+
+
+def assert_same_store(a: dict, b: dict, atol: float = 0.0) -> None:
+    for key in ("doc_ids", "texts", "metadata", "counts", "shards", "index_kind"):
+        assert a[key] == b[key], key
+    for x, y in zip(a["arrays"], b["arrays"], strict=True):
+        np.testing.assert_array_equal(x, y)
+    if atol:
+        np.testing.assert_allclose(a["embeddings"], b["embeddings"], atol=atol)
+        np.testing.assert_allclose(a["index"], b["index"], atol=atol)
+    else:
+        np.testing.assert_array_equal(a["embeddings"], b["embeddings"])
+        np.testing.assert_array_equal(a["index"], b["index"])
+        assert a["parquet"] == b["parquet"]
+
+
+def _unit(n: int, dim: int, seed: int = 0, clusters: int = 0) -> np.ndarray:
+    """(n, dim) unit vectors; clustered like sentence embeddings when clusters > 0."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    if clusters:
+        x = 0.35 * x + 3 * rng.standard_normal((clusters, dim)).astype(np.float32)[rng.integers(0, clusters, n)]
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _build(kind: str, emb: np.ndarray):
+    params = faiss_index.default_params(kind, len(emb))
+    index = faiss_index.new_index(kind, emb.shape[1], params)
+    if kind == "ivf":
+        faiss_index.train(index, emb[faiss_index.training_sample(len(emb), params["nlist"])])
+    faiss_index.add(index, emb)
+    return faiss_index.deserialize(faiss_index.serialize(index), "test")
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
+def test_index_kinds_agree_with_exact_search(kind):
+    both = _unit(4050, 24, clusters=40)
+    emb, queries = both[:4000], both[4000:]
+    index = _build(kind, emb)
+    scores, rows = faiss_index.search(index, queries, 10)
+    exact_scores, exact_rows = exact_search(emb, queries, 10)
+    assert scores.dtype == np.float32 and rows.dtype == np.int64 and rows.shape == (50, 10)
+    if kind == "flat":
+        np.testing.assert_array_equal(rows, exact_rows)
+        np.testing.assert_allclose(scores, exact_scores, atol=1e-5)
+    recall = np.mean([len(set(r) & set(e)) / 10 for r, e in zip(rows, exact_rows, strict=True)])
+    assert recall >= 0.9, recall
+    np.testing.assert_allclose(faiss_index.reconstruct(index, np.array([0, 123, 3999])), emb[[0, 123, 3999]],
+                               atol=1e-6)
+
+
+def test_search_pads_missing_hits_and_rejects_bad_queries():
+    emb = _unit(5, 8)
+    for search in (lambda q, k: faiss_index.search(_build("flat", emb), q, k), lambda q, k: exact_search(emb, q, k)):
+        scores, rows = search(emb[:2], 8)
+        assert rows.shape == (2, 8) and (rows[:, 5:] == -1).all() and np.isneginf(scores[:, 5:]).all()
+        assert rows[0, 0] == 0 and rows[1, 0] == 1
+        with pytest.raises(QascError, match="shape"):
+            search(_unit(2, 9), 3)
+        with pytest.raises(QascError, match="NaN"):
+            search(np.full((1, 8), np.nan, np.float32), 3)
+        with pytest.raises(QascError, match="positive"):
+            search(emb[:1], 0)
+
+
+def test_choose_kind():
+    assert faiss_index.choose_kind(10) == "flat"
+    assert faiss_index.choose_kind(faiss_index.AUTO_FLAT_MAX + 1) == "ivf"
+    assert faiss_index.choose_kind(10, "hnsw") == "hnsw"
+    with pytest.raises(QascError, match="unknown index kind"):
+        faiss_index.choose_kind(10, "annoy")
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory, tiny_model) -> Path:
+    from engine.config import EmbedderConfig, EngineConfig
+
+    tmp = tmp_path_factory.mktemp("small")
+    path = tmp / "store"
+    ingest([str(write_corpus(tmp / "corpus"))], path, EngineConfig(embedder=EmbedderConfig(model=tiny_model)),
+           IngestConfig(shard_chars=100))
+    return path
+
+
+@pytest.mark.slow
+def test_round_trip_exact_offsets_and_schemas(small_store, tiny_model):
+    from engine.tokencap import count_tokens, load_tokenizer
+
+    store = Store.open(small_store)
+    assert store.doc_ids == sorted(DOCS) and [d.text for d in store.docs] == [DOCS[k] for k in sorted(DOCS)]
+    assert store.metadata == [{}, {}, {}]
+    tokenizer = load_tokenizer(tiny_model)
+    for doc in store.docs:
+        texts = doc.texts()
+        assert texts and all(t == t.strip() and t for t in texts)
+        np.testing.assert_array_equal(doc.n_tokens, count_tokens(tokenizer, texts))
+    assert store.doc_offsets.tolist() == [0, *np.cumsum([len(d) for d in store.docs]).tolist()]
+    assert store.embeddings.shape == (store.doc_offsets[-1], 32) and store.embeddings.dtype == np.float32
+    m = store.manifest
+    assert m["counts"] == {"documents": 3, "sentences": len(store), "shards": 3}
+    assert m["dim"] == 32 and m["dtype"] == "float32" and m["splitter"]["max_sentence_tokens"] == 128
+    assert m["config"]["embedder"]["model"] == tiny_model and m["engine_version"]
+    for shard in m["shards"]:
+        assert pq.read_schema(small_store / shard["documents"]).names == DOCUMENTS_SCHEMA.names
+        assert pq.read_schema(small_store / shard["sentences"]).equals(sentences_schema(32, "float32"),
+                                                                       check_metadata=False)
+    scores, rows = store.search(store.embeddings, 3)
+    np.testing.assert_array_equal(rows[:, 0], np.arange(len(store)))
+    unindexed = Store.open(small_store, load_index=False)
+    assert unindexed.index is None
+    np.testing.assert_array_equal(unindexed.search(store.embeddings, 3)[1][:, 0], rows[:, 0])
+    assert not (small_store / "_staging").exists()
+    assert all(ok for _, ok, _ in verify_store(small_store))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["ivf", "hnsw"])
+def test_index_flag_and_float16(tmp_path, tiny_model, kind):
+    from engine.config import EmbedderConfig, EngineConfig
+
+    config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
+    corpus = write_corpus(tmp_path / "corpus")
+    summary = ingest([str(corpus)], tmp_path / "s", config, IngestConfig(index=kind, dtype_store="float16"))
+    assert summary["index"] == kind
+    store = Store.open(tmp_path / "s")
+    assert store.manifest["index"]["kind"] == kind and store.manifest["dtype"] == "float16"
+    assert pq.read_schema(tmp_path / "s" / store.manifest["shards"][0]["sentences"]).field("embedding").type == \
+        sentences_schema(32, "float16").field("embedding").type
+    assert store.embeddings.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(store.embeddings, axis=1), 1, atol=1e-2)
+    assert (store.search(store.embeddings, 1)[1][:, 0] == np.arange(len(store))).mean() > 0.9
+    assert all(ok for _, ok, _ in verify_store(tmp_path / "s"))
+
+
+def test_open_errors(tmp_path):
+    with pytest.raises(QascError, match="no such store"):
+        Store.open(tmp_path / "absent")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(QascError, match="not a QASC store"):
+        Store.open(tmp_path / "plain")
+    (tmp_path / "crashed" / "_staging").mkdir(parents=True)
+    with pytest.raises(QascError, match="incomplete store"):
+        Store.open(tmp_path / "crashed")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "manifest.json").write_text('{"format": "qasc-st')
+    with pytest.raises(QascError, match="corrupt manifest"):
+        Store.open(tmp_path / "broken")
+    (tmp_path / "broken" / "manifest.json").write_text(json.dumps({"format": "qasc-store", "format_version": 1}))
+    with pytest.raises(QascError, match="incomplete manifest"):
+        Store.open(tmp_path / "broken")

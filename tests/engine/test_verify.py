@@ -1,0 +1,113 @@
+"""`qasc verify`: a good store passes; each kind of damage fails the right check (and Store.open refuses it)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from engine.config import EmbedderConfig, EngineConfig
+from engine.errors import QascError
+from engine.store import IngestConfig, Store, file_digest, ingest, verify_store
+from jobs.cli import main
+from tests.engine.test_store import write_corpus
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def good_store(tmp_path_factory, tiny_model) -> Path:
+    tmp = tmp_path_factory.mktemp("verify")
+    ingest([str(write_corpus(tmp / "c"))], tmp / "store", EngineConfig(embedder=EmbedderConfig(model=tiny_model)),
+           IngestConfig(shard_chars=100))
+    return tmp / "store"
+
+
+@pytest.fixture
+def store(good_store, tmp_path) -> Path:
+    """A fresh copy of the good store to damage."""
+    return Path(shutil.copytree(good_store, tmp_path / "store"))
+
+
+def failed(path: Path) -> set[str]:
+    return {name for name, ok, _ in verify_store(path) if not ok}
+
+
+def rewrite_manifest(path: Path, edit) -> None:
+    manifest = json.loads((path / "manifest.json").read_text())
+    edit(manifest)
+    (path / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_good_store_passes(good_store, capsys):
+    assert main(["verify", "--store", str(good_store)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in out[:-1]] == ["checksums", "tables", "offsets", "embeddings", "index",
+                                                       "model"]
+    assert all(line.startswith("ok") for line in out[:-1]) and out[-1].endswith(": OK")
+
+
+def _flip(path: Path, at: float) -> None:
+    data = bytearray(path.read_bytes())
+    data[int(len(data) * at)] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _sentences(store: Path) -> Path:
+    return store / json.loads((store / "manifest.json").read_text())["shards"][1]["sentences"]
+
+
+def _index(store: Path) -> Path:
+    return next(store.glob("index-*.faiss"))
+
+
+@pytest.mark.parametrize("damage, checks, message", [
+    (lambda s: _truncate(_sentences(s)), {"checksums", "tables"}, "truncated or replaced"),
+    (lambda s: _flip(_sentences(s), 0.3), {"checksums", "tables"}, "corrupt or truncated Parquet"),
+    (lambda s: _sentences(s).unlink(), {"checksums", "tables"}, "missing store file"),
+    (lambda s: _truncate(_index(s)), {"checksums", "index"}, "truncated or replaced"),
+    (lambda s: _flip(_index(s), 0.7), {"checksums", "index"}, "checksum mismatch"),
+    (lambda s: rewrite_manifest(s, lambda m: m["counts"].update(sentences=m["counts"]["sentences"] + 1)),
+     {"tables"}, "the manifest says"),
+    (lambda s: rewrite_manifest(s, lambda m: m.update(dim=16)), {"tables", "index", "model", "offsets", "embeddings"},
+     "embedding column"),
+    (lambda s: rewrite_manifest(s, lambda m: m.update(fingerprint="0" * 16)), {"model"}, None),
+], ids=["parquet-truncated", "parquet-bitflip", "parquet-missing", "index-truncated", "index-bitflip",
+        "count-mismatch", "dim-mismatch", "model-mismatch"])
+def test_damage_is_detected(store, damage, checks, message, capsys):
+    damage(store)
+    assert checks <= failed(store)
+    assert main(["verify", "--store", str(store)]) == 1
+    assert "FAILED" in capsys.readouterr().out
+    if message:
+        with pytest.raises(QascError, match=message):
+            Store.open(store)
+
+
+def test_offsets_outside_the_document_are_caught(store):
+    """A sentences file rewritten (with matching checksums) so that one span leaves its document."""
+    path = _sentences(store)
+    table = pq.read_table(path)
+    ends = table.column("char_end").to_numpy().copy()
+    ends[-1] = 10**9
+    pq.write_table(table.set_column(table.schema.get_field_index("char_end"), "char_end",
+                                    pa.array(ends)), path)
+    rel = str(path.relative_to(store))
+    rewrite_manifest(store, lambda m: m["checksums"].update({rel: file_digest(path)}))
+    assert "tables" in failed(store)
+    with pytest.raises(QascError, match="fall outside the document"):
+        Store.open(store)
+
+
+def test_not_a_store_exits_2(tmp_path, capsys):
+    assert main(["verify", "--store", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not a QASC store" in err

@@ -1,0 +1,44 @@
+"""The Ray Data pipeline on a local Ray (num_cpus=2): same store as the local path, and an embedding actor
+killed mid-job is restarted and its shard retried."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from engine.config import EmbedderConfig, EngineConfig
+from engine.store import IngestConfig, ingest, verify_store
+from jobs.ingest_ray import FAULT_MARKER_ENV, RayRunner
+from tests.conftest import DEMO_CORPUS
+from tests.engine.test_store import assert_same_store, snapshot, write_corpus
+
+pytestmark = pytest.mark.slow
+
+
+def test_ray_equals_local_with_the_real_model(tmp_path, ray_session):
+    """The demo corpus, 3 shards, all-MiniLM-L6-v2: same sentences, allclose embeddings and index."""
+    local = ingest([str(DEMO_CORPUS)], tmp_path / "local", settings=IngestConfig(shard_chars=900))
+    remote = ingest([str(DEMO_CORPUS)], tmp_path / "ray", settings=IngestConfig(shard_chars=900), runner=RayRunner())
+    assert remote["mode"] == "ray" and (local["documents"], local["sentences"]) == (remote["documents"],
+                                                                                    remote["sentences"])
+    a, b = snapshot(tmp_path / "local"), snapshot(tmp_path / "ray")
+    assert a["counts"]["shards"] == 3
+    assert_same_store(a, b, atol=1e-5)
+    assert all(ok for _, ok, _ in verify_store(tmp_path / "ray"))
+
+
+def test_killed_embedding_actor_is_retried(tmp_path, ray_session, tiny_model, monkeypatch):
+    corpus = write_corpus(tmp_path / "c", {f"doc{i}": f"Document number {i}. It has two sentences." for i in range(6)})
+    config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
+    marker = tmp_path / "actor-killed"
+    monkeypatch.setenv(FAULT_MARKER_ENV, str(marker))  # the test-only fault: the first embedding call dies once
+    ingest([str(corpus)], tmp_path / "ray", config, IngestConfig(shard_chars=60), runner=RayRunner())
+    monkeypatch.delenv(FAULT_MARKER_ENV)
+    assert marker.exists(), "the fault was not injected"
+    assert int(marker.read_text()) != os.getpid()
+    ingest([str(corpus)], tmp_path / "local", config, settings=IngestConfig(shard_chars=60))
+    a, b = snapshot(tmp_path / "local"), snapshot(tmp_path / "ray")
+    assert a["counts"] == {"documents": 6, "sentences": 12, "shards": 3}
+    assert_same_store(a, b, atol=1e-5)
+    assert all(ok for _, ok, _ in verify_store(tmp_path / "ray"))

@@ -1,0 +1,102 @@
+"""`qasc query`: .jsonl and .parquet results, bad parameters and files, the Ray job equal to the local path,
+and the results module's rows <-> Chunk round trip."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from engine.config import RetrievalConfig
+from kernels.params import QascParams
+from tests.engine.test_query import QUESTIONS
+
+pytestmark = pytest.mark.slow
+
+
+def test_cli_query_jsonl_and_parquet(demo_store, tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    from jobs.cli import main
+
+    queries = tmp_path / "q.csv"
+    with open(queries, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["id", "question", "extra"])
+        for i, q in enumerate(QUESTIONS):
+            w.writerow([f"q{i}", q, "ignored"])
+    out = tmp_path / "r.jsonl"
+    assert main(["query", "--store", str(demo_store), "--queries", str(queries), "--out", str(out),
+                 "--top-k", "2", "--radius", "1"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {r["query_id"] for r in rows} <= {f"q{i}" for i in range(len(QUESTIONS))}
+    assert all(r["rank"] < 2 for r in rows)
+    out_pq = tmp_path / "r.parquet"
+    assert main(["query", "--store", str(demo_store), "--queries", str(queries), "--out", str(out_pq),
+                 "--top-k", "2", "--radius", "1"]) == 0
+    table = pq.read_table(out_pq).to_pylist()
+    assert [(r["query_id"], r["char_start"], r["char_end"]) for r in table] == [
+        (r["query_id"], r["char_start"], r["char_end"]) for r in rows
+    ]
+    assert main(["query", "--store", str(demo_store), "--question", "Who invented the Fresnel lens?"]) == 0
+    assert "Fresnel" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--percentile", "120"], "percentile"),
+        (["--radius", "-1"], "radius"),
+        (["--depth", "0"], "depth"),
+        (["--question", "   "], "empty"),
+    ],
+)
+def test_cli_query_rejects_bad_parameters(demo_store, tmp_path, capsys, argv, message):
+    from jobs.cli import main
+
+    base = ["query", "--store", str(demo_store)]
+    if "--question" not in argv:
+        base += ["--question", "sourdough"]
+    assert main(base + argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_query_rejects_bad_queries_file(demo_store, tmp_path, capsys):
+    from jobs.cli import main
+
+    bad = tmp_path / "q.csv"
+    bad.write_text("text\nhello\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["query", "--store", str(demo_store), "--queries", str(bad), "--out", str(out)]) == 2
+    assert "no `question` or `query` column" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_ray_query_job_equals_local(demo_store, ray_session):
+    from engine.query import Engine
+    from jobs.query_ray import run_query_job
+    from jobs.results import result_rows
+
+    params, retrieval = QascParams(top_k=2, radius=1), RetrievalConfig(depth=6, neighbourhood=2)
+    ids = [f"q{i}" for i in range(len(QUESTIONS))]
+    local = result_rows(ids, Engine.open(str(demo_store), device="cpu").query(QUESTIONS, params, retrieval))
+    remote = run_query_job(str(demo_store), ids, QUESTIONS, params, retrieval, workers=2, device="cpu", shard_size=2)
+    assert [{k: v for k, v in r.items() if k != "score"} for r in remote] == [
+        {k: v for k, v in r.items() if k != "score"} for r in local
+    ]
+    np.testing.assert_allclose([r["score"] for r in remote], [r["score"] for r in local], rtol=1e-5, atol=1e-6)
+
+
+def test_rows_round_trip_to_chunks(demo_store):
+    from engine.query import Engine
+    from jobs.results import result_rows, row_from_record, rows_to_chunks, rows_to_columns
+
+    ids = [f"q{i}" for i in range(len(QUESTIONS))]
+    results = Engine.open(str(demo_store), device="cpu").query(QUESTIONS, QascParams(top_k=2))
+    rows = result_rows(ids, results)
+    assert rows_to_chunks(ids, rows) == results
+    columns = rows_to_columns(rows)
+    again = [row_from_record({k: columns[k][i] for k in columns}) for i in range(len(rows))]
+    assert again == rows

@@ -1,0 +1,634 @@
+"""Property tests: every vectorized kernel against its loop twin in `kernels.reference`, plus pipeline invariants.
+
+Batches are small and ragged: Q in 0..5 queries (rows may be entirely padding), L in 0..24 sentences, validity
+as a per-row prefix, region/paragraph/section ids as runs, and similarities on a 1/8 grid so that ties and
+constant rows are common.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kernels
+import kernels.reference as ref
+from kernels.params import EXTENT_RULES, SCORE_RULES, SNAP_RULES, QascParams
+from kernels.pipeline import run_qasc
+
+F64 = torch.float64
+# KERNELS_HYPOTHESIS_SCALE=20 multiplies every example budget (a slower, deeper search)
+SCALE = float(os.environ.get("KERNELS_HYPOTHESIS_SCALE", "1"))
+
+
+def budget(n: int) -> settings:
+    return settings(
+        max_examples=max(1, int(n * SCALE)),
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+SETTINGS = budget(150)
+GRID = [k / 8 for k in range(-8, 9)]
+DIM = 3  # sentence vectors in the random batches: eighths, so that every sum of a few is exact
+DOTS_WIDTH = 6  # neighbour dots of the random batches: enough for runs of up to 6 sentences
+
+
+# --------------------------------------------------------------------------------------------------- strategies
+
+
+@st.composite
+def run_row(draw: st.DrawFn, length: int, ordered: bool, alphabet: int = 4) -> list[int]:
+    """Ids as runs: increasing ids (ordered), or ids from a small alphabet that may recur after a break."""
+    changes = draw(st.lists(st.booleans(), min_size=length, max_size=length))
+    ids: list[int] = []
+    current = draw(st.integers(-2, 2))
+    for i, change in enumerate(changes):
+        if i > 0 and change:
+            current = current + draw(st.integers(1, 3)) if ordered else draw(st.integers(-1, alphabet - 2))
+        ids.append(current)
+    return ids
+
+
+@st.composite
+def batches(draw: st.DrawFn, max_q: int = 5, max_l: int = 24) -> dict[str, torch.Tensor]:
+    """A random padded batch: sims, valid, region/paragraph/section ids, n_tokens, all (Q, L)."""
+    q = draw(st.integers(0, max_q))
+    length = draw(st.one_of(st.just(1), st.integers(0, max_l), st.integers(max_l // 2, max_l)))
+    if draw(st.booleans()):
+        values = GRID
+    else:  # few distinct values: many ties, constant rows
+        values = draw(st.lists(st.sampled_from(GRID), min_size=1, max_size=3, unique=True))
+    all_empty = draw(st.integers(0, 9)) == 0
+    ordered_regions = draw(st.booleans())
+    rows: dict[str, list] = {k: [] for k in ("sims", "valid", "region", "paragraph", "section", "tokens", "emb")}
+    for _ in range(q):
+        n_valid = 0 if all_empty else draw(st.one_of(st.just(length), st.just(0), st.integers(0, length)))
+        rows["sims"].append(draw(st.lists(st.sampled_from(values), min_size=length, max_size=length)))
+        rows["valid"].append([i < n_valid for i in range(length)])
+        rows["region"].append(draw(run_row(length, ordered_regions)))
+        rows["paragraph"].append(draw(run_row(length, False)))
+        rows["section"].append(draw(run_row(length, True)))
+        rows["tokens"].append(draw(st.lists(st.integers(1, 60), min_size=length, max_size=length)))
+        rows["emb"].append(draw(st.lists(st.sampled_from(GRID), min_size=length * DIM, max_size=length * DIM)))
+
+    def as_tensor(name: str, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(rows[name], dtype=dtype).reshape(q, length)
+
+    return {
+        "sims": as_tensor("sims", F64),
+        "valid": as_tensor("valid", torch.bool),
+        "region": as_tensor("region", torch.long),
+        "paragraph": as_tensor("paragraph", torch.long),
+        "section": as_tensor("section", torch.long),
+        "tokens": as_tensor("tokens", torch.long),
+        "emb": torch.tensor(rows["emb"], dtype=F64).reshape(q, length, DIM),
+    } | {"dots": row_dots(torch.tensor(rows["emb"], dtype=F64).reshape(q, length, DIM))}
+
+
+def row_dots(emb: torch.Tensor, width: int = DOTS_WIDTH) -> torch.Tensor:
+    """emb (Q, L, D) -> (Q, L, width): each row's neighbour dots, as the engine computes them per store."""
+    q, length, _ = emb.shape
+    if q == 0:
+        return torch.zeros((0, length, width), dtype=emb.dtype)
+    return torch.stack([kernels.neighbour_dots(e, width) for e in emb])
+
+
+@st.composite
+def masks(draw: st.DrawFn, shape: tuple[int, int], within: torch.Tensor | None = None) -> torch.Tensor:
+    """A random bool (Q, L) mask, optionally a subset of `within`."""
+    q, length = shape
+    bits = draw(st.lists(st.booleans(), min_size=q * length, max_size=q * length))
+    mask = torch.tensor(bits, dtype=torch.bool).reshape(q, length)
+    return mask & within if within is not None else mask
+
+
+@st.composite
+def windows(draw: st.DrawFn, seeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random inclusive windows [start, end] holding each seed (-1 for non-seeds)."""
+    q, length = seeds.shape
+    a = torch.tensor(draw(st.lists(st.integers(0, 30), min_size=q * length, max_size=q * length)))
+    b = torch.tensor(draw(st.lists(st.integers(0, 30), min_size=q * length, max_size=q * length)))
+    idx = torch.arange(length).expand(q, length)
+    starts = idx - a.reshape(q, length).clamp(max=idx)
+    ends = idx + b.reshape(q, length).clamp(max=length - 1 - idx)
+    none = torch.full_like(idx, -1)
+    return torch.where(seeds, starts, none), torch.where(seeds, ends, none)
+
+
+def percentiles(q: int) -> st.SearchStrategy:
+    fixed = st.sampled_from([0.0, 10.0, 25.0, 50.0, 75.0, 90.0, 95.0, 100.0])
+    free = st.floats(0.0, 100.0, allow_nan=False)
+    per_row = st.lists(st.one_of(fixed, free), min_size=q, max_size=q).map(lambda v: torch.tensor(v, dtype=F64))
+    return st.one_of(fixed, free, per_row)
+
+
+@st.composite
+def qasc_params(draw: st.DrawFn) -> QascParams:
+    return QascParams(
+        percentile=draw(st.one_of(st.sampled_from([0.0, 50.0, 75.0, 90.0, 95.0, 100.0]), st.floats(0, 100))),
+        min_seeds=draw(st.integers(0, 3)),
+        max_seeds=draw(st.one_of(st.none(), st.integers(1, 5))),
+        radius=draw(st.integers(0, 30)),
+        adaptive=draw(st.booleans()),
+        threshold=draw(st.one_of(st.none(), st.sampled_from(GRID))),
+        margin=draw(st.one_of(st.none(), st.sampled_from([0.0, 0.125, 0.25, 0.5, 1.0, 3.0]))),
+        clip_to_paragraph=draw(st.booleans()),
+        decay=draw(st.one_of(st.sampled_from([0.0, 0.3, 1.0, 800.0]), st.floats(0.0, 3.0))),
+        factor=draw(st.one_of(st.none(), st.sampled_from([-0.5, 0.0, 0.5, 0.6, 1.0, 1.2]))),
+        merge=draw(st.booleans()),
+        gap=draw(st.integers(0, 4)),
+        snap=draw(st.sampled_from(SNAP_RULES)),
+        max_tokens=draw(st.integers(1, 200)),
+        score=draw(st.sampled_from(SCORE_RULES)),
+        top_k=draw(st.one_of(st.none(), st.integers(1, 5))),
+        budget_tokens=draw(st.one_of(st.none(), st.integers(1, 400))),
+        score_margin=draw(st.one_of(st.none(), st.sampled_from([0.0, 0.125, 0.25, 0.5]))),
+        extent=draw(st.sampled_from(EXTENT_RULES)),
+        max_extent=draw(st.integers(1, 5)),
+        extent_penalty=draw(st.sampled_from([0.0, 0.125, 0.5])),
+        max_picks=draw(st.integers(1, 6)),
+        focus_gap=draw(st.one_of(st.none(), st.integers(0, 4))),
+    )
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+
+
+def assert_same(fast: torch.Tensor, slow: torch.Tensor) -> None:
+    """Exact for integer/bool tensors, allclose (infinities must match) for floats; shapes and dtypes too."""
+    assert fast.shape == slow.shape, (fast.shape, slow.shape)
+    assert fast.dtype == slow.dtype, (fast.dtype, slow.dtype)
+    if fast.is_floating_point():
+        assert torch.allclose(fast, slow, rtol=1e-9, atol=1e-12, equal_nan=True), (fast, slow)
+    else:
+        assert torch.equal(fast, slow), (fast, slow)
+
+
+def run_both(b: dict[str, torch.Tensor], params: QascParams, ops=None):
+    return run_qasc(b["sims"], b["valid"], b["region"], b["paragraph"], b["section"], b["tokens"], params, ops=ops,
+                    dots=b.get("dots"))
+
+
+def chosen_chunks(batch, q: int) -> list[tuple[int, int, int, float]]:
+    """The returned chunks of query q, in rank order: (start, end, tokens, score)."""
+    keep = batch.chosen[q]
+    return list(
+        zip(
+            batch.start[q][keep].tolist(),
+            batch.end[q][keep].tolist(),
+            batch.tokens[q][keep].tolist(),
+            batch.score[q][keep].tolist(),
+            strict=True,
+        )
+    )
+
+
+def numpy_percentile(sims: torch.Tensor, valid: torch.Tensor, pct) -> list[float]:
+    q = sims.shape[0]
+    pcts = torch.as_tensor(pct, dtype=F64).expand(q).tolist()
+    out = []
+    for row, ok, p in zip(sims.tolist(), valid.tolist(), pcts, strict=True):
+        vals = [v for v, good in zip(row, ok, strict=True) if good]
+        out.append(float(np.percentile(np.array(vals), p)) if vals else float("inf"))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------- seeding
+
+
+@SETTINGS
+@given(data=st.data())
+def test_percentile_threshold(data: st.DataObject) -> None:
+    b = data.draw(batches())
+    pct = data.draw(percentiles(b["sims"].shape[0]))
+    fast = kernels.percentile_threshold(b["sims"], b["valid"], pct)
+    slow = ref.percentile_threshold(b["sims"], b["valid"], pct)
+    assert_same(fast, slow)
+    assert torch.equal(fast, slow)  # same formula, same dtype: bit for bit
+    expected = torch.tensor(numpy_percentile(b["sims"], b["valid"], pct), dtype=F64)
+    assert torch.allclose(fast, expected, rtol=1e-12, atol=1e-12)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_percentile_seeds(data: st.DataObject) -> None:
+    b = data.draw(batches())
+    pct = data.draw(percentiles(b["sims"].shape[0]))
+    min_seeds = data.draw(st.integers(0, 4))
+    max_seeds = data.draw(st.one_of(st.none(), st.integers(1, 6)))
+    fast = kernels.percentile_seeds(b["sims"], b["valid"], pct, min_seeds, max_seeds)
+    slow = ref.percentile_seeds(b["sims"], b["valid"], pct, min_seeds, max_seeds)
+    for f, s in zip(fast, slow, strict=True):
+        assert_same(f, s)
+    assert not bool((fast[1] & ~b["valid"]).any())
+
+
+# --------------------------------------------------------------------------------------------------- windows
+
+
+@SETTINGS
+@given(data=st.data())
+def test_expand_windows(data: st.DataObject) -> None:
+    b = data.draw(batches())
+    shape = tuple(b["sims"].shape)
+    seeds = data.draw(masks(shape, within=b["valid"]))
+    segments = b[data.draw(st.sampled_from(["region", "paragraph"]))]
+    radius = data.draw(st.integers(0, 30))
+    threshold = None
+    if data.draw(st.booleans()):
+        thr = data.draw(
+            st.lists(
+                st.sampled_from([*GRID, float("-inf")]), min_size=shape[0] * shape[1], max_size=shape[0] * shape[1]
+            )
+        )
+        threshold = torch.tensor(thr, dtype=F64).reshape(shape)
+    fast = kernels.expand_windows(b["sims"], b["valid"], seeds, segments, radius, threshold)
+    slow = ref.expand_windows(b["sims"], b["valid"], seeds, segments, radius, threshold)
+    for f, s in zip(fast, slow, strict=True):
+        assert_same(f, s)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_decay_window_scores(data: st.DataObject) -> None:
+    b = data.draw(batches())
+    seeds = data.draw(masks(tuple(b["sims"].shape), within=b["valid"]))
+    starts, ends = data.draw(windows(seeds))
+    decay = data.draw(st.one_of(st.sampled_from([0.0, 0.3, 1.0, 800.0]), st.floats(0.0, 5.0)))
+    fast = kernels.decay_window_scores(b["sims"], b["valid"], seeds, starts, ends, decay)
+    slow = ref.decay_window_scores(b["sims"], b["valid"], seeds, starts, ends, decay)
+    assert_same(fast, slow)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_keep_windows(data: st.DataObject) -> None:
+    b = data.draw(batches())
+    q, length = b["sims"].shape
+    seeds = data.draw(masks((q, length), within=b["valid"]))
+    scores = torch.where(seeds, b["sims"], torch.full_like(b["sims"], float("-inf")))
+    tau = torch.tensor(
+        data.draw(st.lists(st.sampled_from([*GRID, float("inf")]), min_size=q, max_size=q)), dtype=F64
+    ).reshape(q)
+    factor = data.draw(st.one_of(st.none(), st.sampled_from([-0.5, 0.0, 0.5, 0.6, 1.0, 1.2])))
+    assert_same(kernels.keep_windows(scores, seeds, tau, factor), ref.keep_windows(scores, seeds, tau, factor))
+
+
+# --------------------------------------------------------------------------------------------------- merging
+
+
+@SETTINGS
+@given(data=st.data())
+def test_coverage(data: st.DataObject) -> None:
+    b = data.draw(batches())
+    seeds = data.draw(masks(tuple(b["sims"].shape), within=b["valid"]))
+    kept = data.draw(masks(tuple(b["sims"].shape), within=seeds))
+    starts, ends = data.draw(windows(seeds))
+    assert_same(kernels.coverage(kept, starts, ends), ref.coverage(kept, starts, ends))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fill_gaps(data: st.DataObject) -> None:
+    b = data.draw(batches())
+    covered = data.draw(masks(tuple(b["sims"].shape), within=b["valid"]))
+    segments = b[data.draw(st.sampled_from(["region", "paragraph"]))]
+    gap = data.draw(st.integers(0, 4))
+    fast = kernels.fill_gaps(covered, segments, b["valid"], gap)
+    slow = ref.fill_gaps(covered, segments, b["valid"], gap)
+    assert_same(fast, slow)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_label_segments(data: st.DataObject) -> None:
+    b = data.draw(batches())
+    shape = tuple(b["sims"].shape)
+    covered = data.draw(masks(shape))  # may touch padding: label_segments must ignore it
+    breaks = data.draw(st.one_of(st.none(), masks(shape)))
+    segments = b[data.draw(st.sampled_from(["region", "paragraph"]))]
+    fast = kernels.label_segments(covered, segments, b["valid"], breaks)
+    slow = ref.label_segments(covered, segments, b["valid"], breaks)
+    for f, s in zip(fast, slow, strict=True):
+        assert_same(f, s)
+
+
+@st.composite
+def labelled(draw: st.DrawFn) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
+    """A batch with chunk labels (from the reference labeller, with random breaks) and a segment count S."""
+    b = draw(batches())
+    shape = tuple(b["sims"].shape)
+    covered = draw(masks(shape, within=b["valid"]))
+    breaks = draw(st.one_of(st.none(), masks(shape)))
+    labels, count = ref.label_segments(covered, b["region"], b["valid"], breaks)
+    n_seg = (int(count.max()) if count.numel() else 0) + draw(st.integers(0, 2))
+    return b, labels, n_seg
+
+
+@SETTINGS
+@given(data=st.data())
+def test_segment_spans_sums_scores(data: st.DataObject) -> None:
+    b, labels, n_seg = data.draw(labelled())
+    for f, s in zip(kernels.segment_spans(labels, n_seg), ref.segment_spans(labels, n_seg), strict=True):
+        assert_same(f, s)
+    values = torch.where(b["valid"], b["tokens"], 0)
+    assert_same(kernels.segment_sums(labels, values, n_seg), ref.segment_sums(labels, values, n_seg))
+    assert_same(kernels.segment_sums(labels, b["sims"], n_seg), ref.segment_sums(labels, b["sims"], n_seg))
+    include = data.draw(masks(tuple(labels.shape)))
+    for how in ("max", "mean"):
+        fast = kernels.segment_scores(labels, b["sims"], include, n_seg, how)
+        slow = ref.segment_scores(labels, b["sims"], include, n_seg, how)
+        assert_same(fast, slow)
+
+
+# --------------------------------------------------------------------------------------------------- snapping
+
+
+@SETTINGS
+@given(data=st.data())
+def test_snap_to_blocks(data: st.DataObject) -> None:
+    b, labels, n_seg = data.draw(labelled())
+    blocks = b[data.draw(st.sampled_from(["paragraph", "section"]))]
+    max_tokens = data.draw(st.integers(1, 200))
+    fast = kernels.snap_to_blocks(labels, n_seg, b["region"], blocks, b["valid"], b["tokens"], max_tokens)
+    slow = ref.snap_to_blocks(labels, n_seg, b["region"], blocks, b["valid"], b["tokens"], max_tokens)
+    assert_same(fast, slow)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_cap_breaks(data: st.DataObject) -> None:
+    b, labels, _ = data.draw(labelled())
+    max_tokens = data.draw(st.integers(1, 200))
+    fast = kernels.cap_breaks(labels, b["tokens"], max_tokens)
+    slow = ref.cap_breaks(labels, b["tokens"], max_tokens)
+    assert_same(fast, slow)
+
+
+# --------------------------------------------------------------------------------------------------- selection
+
+
+@SETTINGS
+@given(data=st.data())
+def test_select_chunks(data: st.DataObject) -> None:
+    q = data.draw(st.integers(0, 5))
+    s = data.draw(st.integers(0, 12))
+    scores = data.draw(st.lists(st.sampled_from([*GRID, float("-inf")]), min_size=q * s, max_size=q * s))
+    tokens = data.draw(st.lists(st.integers(1, 200), min_size=q * s, max_size=q * s))
+    scores_t = torch.tensor(scores, dtype=F64).reshape(q, s)
+    tokens_t = torch.tensor(tokens, dtype=torch.long).reshape(q, s)
+    top_k = data.draw(st.one_of(st.none(), st.integers(1, 6)))
+    budget = data.draw(st.one_of(st.none(), st.integers(1, 600)))
+    margin = data.draw(st.one_of(st.none(), st.sampled_from([0.0, 0.125, 0.25, 0.5, 2.0])))
+    fast = kernels.select_chunks(scores_t, tokens_t, top_k, budget, margin)
+    slow = ref.select_chunks(scores_t, tokens_t, top_k, budget, margin)
+    for f, sl in zip(fast, slow, strict=True):
+        assert_same(f, sl)
+
+
+# --------------------------------------------------------------------------------------------------- pipeline
+
+
+
+# --------------------------------------------------------------------------------------------------- extents
+
+
+@SETTINGS
+@given(data=st.data())
+def test_pooled_extent_scores(data: st.DataObject) -> None:
+    b = data.draw(batches())
+    seeds = data.draw(masks(tuple(b["sims"].shape), within=b["valid"]))
+    segments = b[data.draw(st.sampled_from(["region", "paragraph"]))]
+    max_len = data.draw(st.integers(1, 6))
+    penalty = data.draw(st.sampled_from([0.0, 0.125, 0.3]))
+    fast = kernels.pooled_extent_scores(b["sims"], b["dots"], b["valid"], segments, seeds, max_len, penalty)
+    slow = ref.pooled_extent_scores(b["sims"], b["dots"], b["valid"], segments, seeds, max_len, penalty)
+    assert_same(fast, slow)
+    assert torch.equal(fast, slow)  # exact sums, correctly rounded norm and division: bit for bit
+
+
+@SETTINGS
+@given(data=st.data())
+def test_neighbour_dots_and_run_norms(data: st.DataObject) -> None:
+    n = data.draw(st.integers(0, 12))
+    width = data.draw(st.integers(1, 5))
+    cells = data.draw(st.lists(st.sampled_from(GRID), min_size=n * DIM, max_size=n * DIM))
+    vectors = torch.tensor(cells, dtype=F64).reshape(n, DIM)
+    block = data.draw(st.integers(1, 8))
+    dots = kernels.neighbour_dots(vectors, width, block_rows=block)
+    assert_same(dots, ref.neighbour_dots(vectors, width))
+    max_len = data.draw(st.integers(1, width))
+    norms = kernels.run_norms(dots[None], max_len)
+    assert_same(norms, ref.run_norms(dots[None], max_len))
+    for a in range(n):  # the norm of the summed vectors themselves, for every run inside the row
+        for length in range(1, max_len + 1):
+            direct = torch.linalg.vector_norm(vectors[a : a + length].sum(0))
+            assert float(norms[0, a, length - 1]) == pytest.approx(float(direct), abs=1e-12)
+
+
+def test_pooled_scores_do_not_depend_on_the_width() -> None:
+    """The same unit vectors in 16 and in 384 dimensions (zero-padded) give the same pooled scores."""
+    g = torch.Generator().manual_seed(0)
+    small = torch.nn.functional.normalize(torch.randn(40, 16, generator=g, dtype=F64), dim=-1)
+    wide = torch.nn.functional.pad(small, (0, 384 - 16))
+    query = torch.nn.functional.normalize(torch.randn(16, generator=g, dtype=F64), dim=0)
+    sims = (small @ query)[None]
+    valid = torch.ones_like(sims, dtype=torch.bool)
+    ids = torch.zeros_like(sims, dtype=torch.long)
+    a = kernels.pooled_extent_scores(sims, kernels.neighbour_dots(small, 3)[None], valid, ids, valid, 3)
+    b = kernels.pooled_extent_scores(sims, kernels.neighbour_dots(wide, 3)[None], valid, ids, valid, 3)
+    assert torch.allclose(a, b, rtol=0, atol=1e-12)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_pick_extents(data: st.DataObject) -> None:
+    b = data.draw(batches())
+    q, length = b["sims"].shape
+    m = data.draw(st.integers(1, 4))
+    cells = data.draw(st.lists(st.sampled_from([*GRID, float("-inf")]), min_size=q * length * m,
+                               max_size=q * length * m))
+    scores = torch.tensor(cells, dtype=F64).reshape(q, length, m)
+    max_picks = data.draw(st.integers(1, 8))
+    margin = data.draw(st.one_of(st.none(), st.sampled_from([0.0, 0.125, 0.5])))
+    fast = kernels.pick_extents(scores, max_picks, margin)
+    slow = ref.pick_extents(scores, max_picks, margin)
+    for f, s in zip(fast, slow, strict=True):
+        assert_same(f, s)
+    ids = fast[0]
+    assert bool((ids < max_picks).all())
+    for row in ids.tolist():  # every pick is one contiguous run
+        for t in set(row) - {-1}:
+            where = [i for i, v in enumerate(row) if v == t]
+            assert where == list(range(where[0], where[-1] + 1))
+
+
+@SETTINGS
+@given(data=st.data())
+def test_focus_on_best(data: st.DataObject) -> None:
+    q = data.draw(st.integers(0, 4))
+    s = data.draw(st.integers(0, 6))
+    cells = data.draw(st.lists(st.sampled_from([*GRID, float("-inf")]), min_size=q * s, max_size=q * s))
+    scores = torch.tensor(cells, dtype=F64).reshape(q, s)
+    starts = torch.tensor(data.draw(st.lists(st.integers(0, 30), min_size=q * s, max_size=q * s))).reshape(q, s)
+    ends = starts + torch.tensor(data.draw(st.lists(st.integers(0, 3), min_size=q * s, max_size=q * s))).reshape(q, s)
+    regions = torch.tensor(data.draw(st.lists(st.integers(0, 2), min_size=q * s, max_size=q * s))).reshape(q, s)
+    gap = data.draw(st.one_of(st.none(), st.integers(0, 6)))
+    fast = kernels.focus_on_best(scores, starts, ends, regions, gap)
+    assert_same(fast, ref.focus_on_best(scores, starts, ends, regions, gap))
+    if s:  # the best chunk always survives
+        assert torch.equal(fast.max(dim=1).values, scores.max(dim=1).values)
+
+
+def test_pooled_extent_prefers_a_run_that_answers_together() -> None:
+    """Two sentences that each hold half of the query's direction pool into a run closer than either alone;
+    a sentence that matches alone stays a sentence."""
+    query = torch.tensor([1.0, 1.0, 0.0], dtype=F64) / 2**0.5
+    emb = torch.tensor([[[0.0, 0.0, 1.0], [0.8, 0.0, 0.6], [0.0, 0.8, 0.6], [0.0, 0.0, 1.0],
+                         [0.7071067811865476, 0.7071067811865476, 0.0], [0.0, 0.0, 1.0]]], dtype=F64)
+    sims = (emb * query).sum(-1)
+    valid = torch.ones((1, 6), dtype=torch.bool)
+    region = torch.tensor([[0, 0, 0, 0, 1, 1]])
+    scores = kernels.pooled_extent_scores(sims, row_dots(emb, 3), valid, region, valid, 3)
+    assert scores[0, 1, 1] > scores[0, 1, 0] and scores[0, 1, 1] > scores[0, 2, 0]  # [1, 2] beats 1 or 2
+    assert torch.isinf(scores[0, 3, 1])  # [3, 4] crosses the region boundary
+    ids, value = kernels.pick_extents(scores, 2)
+    assert ids[0].tolist() == [-1, 1, 1, -1, 0, -1]  # the exact sentence 4 first, then the pair [1, 2]
+    assert value[0, 4] == pytest.approx(1.0)
+
+
+def test_reference_has_every_op() -> None:
+    from kernels.pipeline import FastOps
+
+    for name in vars(FastOps):
+        if not name.startswith("_"):
+            assert callable(getattr(ref, name)), name
+
+
+PIPE_SETTINGS = budget(300)
+
+
+@PIPE_SETTINGS
+@given(b=batches(), params=qasc_params())
+def test_pipeline_reference_matches_fast(b: dict[str, torch.Tensor], params: QascParams) -> None:
+    fast = run_both(b, params)
+    slow = run_both(b, params, ops=ref)
+    for name in ("start", "end", "tokens", "chosen", "piece", "labels", "kept"):
+        assert_same(getattr(fast, name), getattr(slow, name))
+    for name in ("score", "tau"):
+        assert_same(getattr(fast, name), getattr(slow, name))
+
+
+@PIPE_SETTINGS
+@given(b=batches(), params=qasc_params())
+def test_pipeline_batch_equals_single_queries(b: dict[str, torch.Tensor], params: QascParams) -> None:
+    together = run_both(b, params)
+    for q in range(b["sims"].shape[0]):
+        alone = run_both({k: v[q : q + 1] for k, v in b.items()}, params)
+        mine, single = chosen_chunks(together, q), chosen_chunks(alone, 0)
+        assert [c[:3] for c in mine] == [c[:3] for c in single]
+        assert np.allclose([c[3] for c in mine], [c[3] for c in single], rtol=1e-12, atol=1e-15)
+        assert torch.equal(together.labels[q], alone.labels[0])
+        assert torch.equal(together.kept[q], alone.kept[0])
+
+
+@PIPE_SETTINGS
+@given(b=batches(), params=qasc_params(), clamp=st.booleans())
+def test_pipeline_chunks_respect_cap_and_do_not_overlap(
+    b: dict[str, torch.Tensor], params: QascParams, clamp: bool
+) -> None:
+    if clamp:  # make every sentence fit the cap, so that the cap must hold for every chunk
+        b = {**b, "tokens": b["tokens"].clamp(max=params.max_tokens)}
+    fits = bool((b["tokens"] <= params.max_tokens).all())
+    out = run_both(b, params)
+    for q in range(b["sims"].shape[0]):
+        chunks = chosen_chunks(out, q)
+        for start, end, tokens, _ in chunks:
+            assert 0 <= start <= end < b["sims"].shape[1]
+            assert bool(b["valid"][q, start : end + 1].all())
+            assert tokens == int(b["tokens"][q, start : end + 1].sum())
+            if fits:
+                assert tokens <= params.max_tokens
+        if params.budget_tokens is not None:
+            assert sum(c[2] for c in chunks) <= params.budget_tokens
+        if params.merge:  # without merging, overlapping windows are distinct chunks by design
+            spans = sorted((s, e) for s, e, _, _ in chunks)
+            for (_, e1), (s2, _) in zip(spans, spans[1:], strict=False):
+                assert e1 < s2
+
+
+@SETTINGS
+@given(b=batches(), params=qasc_params())
+def test_pipeline_tau_is_numpy_percentile(b: dict[str, torch.Tensor], params: QascParams) -> None:
+    out = run_both(b, params)
+    expected = torch.tensor(numpy_percentile(b["sims"], b["valid"], params.percentile), dtype=F64)
+    assert out.tau.shape == (b["sims"].shape[0],)
+    assert torch.allclose(out.tau, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("q", [0, 3])
+def test_pipeline_all_rows_empty(q: int) -> None:
+    length = 5
+    b = {
+        "sims": torch.zeros((q, length), dtype=F64),
+        "valid": torch.zeros((q, length), dtype=torch.bool),
+        "region": torch.zeros((q, length), dtype=torch.long),
+        "paragraph": torch.zeros((q, length), dtype=torch.long),
+        "section": torch.zeros((q, length), dtype=torch.long),
+        "tokens": torch.ones((q, length), dtype=torch.long),
+        "dots": torch.zeros((q, length, DOTS_WIDTH), dtype=F64),
+    }
+    for ops in (None, ref):
+        out = run_both(b, QascParams(), ops=ops)
+        assert out.chosen.shape == (q, 0)
+        assert torch.isinf(out.tau).all()
+
+
+# --------------------------------------------------------------------------------------------------- regressions
+
+
+def test_fill_gaps_does_not_bridge_a_recurring_id() -> None:
+    """Ids 0 1 0 are three segments: the two covered 0s are not in one segment, so the gap stays open."""
+    covered = torch.tensor([[True, False, True]])
+    segments = torch.tensor([[0, 1, 0]])
+    valid = torch.ones_like(covered)
+    for ops in (kernels, ref):
+        assert torch.equal(ops.fill_gaps(covered, segments, valid, 1), covered)
+    same = torch.tensor([[0, 0, 0]])
+    for ops in (kernels, ref):
+        assert bool(ops.fill_gaps(covered, same, valid, 1).all())
+
+
+def test_decay_scores_tie_exactly_for_constant_and_mirrored_windows() -> None:
+    """Windows equal in exact arithmetic score bit-identically, so ties go to the lower position."""
+    sims = torch.tensor([[-1.0] * 12 + [0.375, 0.375] + [-1.0] * 3, [-0.875] * 17], dtype=F64)
+    valid = torch.ones_like(sims, dtype=torch.bool)
+    seeds = valid.clone()
+    segments = torch.zeros_like(sims, dtype=torch.long)
+    for ops in (kernels, ref):
+        starts, ends = ops.expand_windows(sims, valid, seeds, segments, 3)
+        scores = ops.decay_window_scores(sims, valid, seeds, starts, ends, 0.3)
+        assert scores[0, 12].item() == scores[0, 13].item()  # mirror images of each other
+        assert torch.equal(scores[1], sims[1])  # constant row: every window scores exactly s
+    params = QascParams(
+        percentile=0.0, min_seeds=0, radius=3, factor=None, merge=False, max_tokens=1, score="window_max", top_k=None,
+        extent="window", focus_gap=None,
+    )
+    b = {
+        "sims": sims,
+        "valid": valid,
+        "region": segments,
+        "paragraph": segments,
+        "section": segments,
+        "tokens": torch.ones_like(segments),
+    }
+    fast, slow = run_both(b, params), run_both(b, params, ops=ref)
+    assert torch.equal(fast.piece, slow.piece)
+    assert fast.piece[1].tolist() == list(range(17))  # all tied: lower index first
