@@ -446,29 +446,33 @@ def evaluate_methods(dataset: Dataset, query_emb: np.ndarray, chunksets: dict[st
     return runs
 
 
-def run_eval(cfg: EvalConfig, engine_factory: Callable | None = None, embedder=None, log=None) -> dict:
-    """The whole evaluation -> results dict (also written to cfg.out_dir with the report and plots)."""
-    from transformers.utils import logging as hf_logging
+@dataclass
+class SetRun:
+    """One data set's stages up to the per-question scores of every candidate of every method."""
 
-    from engine.evaluation import report
+    dataset: Dataset
+    runs: dict[str, MethodRun]
+    engine: object | None  # engine.query.Engine (None when QASC is not among the methods)
+    query_emb: np.ndarray  # (Q, dim)
+    cutter: TokenCutter
+    chunksets: dict[str, tuple[B.Chunker, ChunkSet]]
+    grid: list[Q.Setting]
+    dtype: str
+    timings: dict[str, float]
 
-    hf_logging.set_verbosity_error()  # "sequence longer than 512": we only count tokens of long chunks
-    log = log or Log()
-    t_start = time.perf_counter()
+
+def prepare_runs(cfg: EvalConfig, embedder, cache: EvalCache, log, engine_factory: Callable | None = None,
+                 out_dir: Path | None = None) -> SetRun:
+    """Load cfg.data_dir, embed its questions, build/reuse the store and every baseline's chunks, and score
+    every candidate of every method on every question."""
     timings: dict[str, float] = {}
-    out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cache = EvalCache(cfg.cache_dir)
-
+    out_dir = out_dir or Path(cfg.out_dir)
     t0 = time.perf_counter()
     full_ds = load_dataset(cfg.data_dir)
     ds = quick_subset(full_ds) if cfg.quick else full_ds
     log(f"data {ds.root}: {len(ds.corpora)} corpora, {sum(map(len, ds.corpora.values()))} chars, "
         f"{len(ds.questions)} questions ({sum(q.multi for q in ds.questions)} multi-reference)")
     dtype = resolve_eval_dtype(cfg.device, cfg.dtype)
-    if embedder is None:
-        embedder = make_embedder(cfg.device, dtype)
-        log(f"embedder {embedder.name} on {embedder.device} in {embedder.dtype}")
     qemb = query_embeddings(embedder, ds.questions, cache)
     timings["load_and_queries"] = time.perf_counter() - t0
 
@@ -503,6 +507,29 @@ def run_eval(cfg: EvalConfig, engine_factory: Callable | None = None, embedder=N
     t0 = time.perf_counter()
     runs = evaluate_methods(ds, qemb, chunksets, engine, grid, cfg, cutter, log)
     timings["retrieve_and_score"] = time.perf_counter() - t0
+    return SetRun(ds, runs, engine, qemb, cutter, chunksets, grid, dtype, timings)
+
+
+def run_eval(cfg: EvalConfig, engine_factory: Callable | None = None, embedder=None, log=None) -> dict:
+    """The whole evaluation -> results dict (also written to cfg.out_dir with the report and plots)."""
+    from transformers.utils import logging as hf_logging
+
+    from engine.evaluation import report
+
+    hf_logging.set_verbosity_error()  # "sequence longer than 512": we only count tokens of long chunks
+    log = log or Log()
+    t_start = time.perf_counter()
+    out_dir = Path(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cache = EvalCache(cfg.cache_dir)
+    if embedder is None:
+        embedder = make_embedder(cfg.device, resolve_eval_dtype(cfg.device, cfg.dtype))
+        log(f"embedder {embedder.name} on {embedder.device} in {embedder.dtype}")
+    prepared = prepare_runs(cfg, embedder, cache, log, engine_factory, out_dir)
+    ds, runs, engine, qemb, cutter = (prepared.dataset, prepared.runs, prepared.engine, prepared.query_emb,
+                                      prepared.cutter)
+    chunksets, grid, dtype, timings = prepared.chunksets, prepared.grid, prepared.dtype, prepared.timings
+    methods = list(dict.fromkeys(cfg.methods))
 
     t0 = time.perf_counter()
     results, cvs = views(runs, ds, cfg)
