@@ -510,6 +510,16 @@ def prepare_runs(cfg: EvalConfig, embedder, cache: EvalCache, log, engine_factor
     return SetRun(ds, runs, engine, qemb, cutter, chunksets, grid, dtype, timings)
 
 
+def start_run(cfg: EvalConfig, embedder, log) -> tuple[Path, EvalCache, object]:
+    """The output folder (created), the cache, and the embedder (made from cfg unless one is lent)."""
+    out_dir = Path(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if embedder is None:
+        embedder = make_embedder(cfg.device, resolve_eval_dtype(cfg.device, cfg.dtype))
+        log(f"embedder {embedder.name} on {embedder.device} in {embedder.dtype}")
+    return out_dir, EvalCache(cfg.cache_dir), embedder
+
+
 def run_eval(cfg: EvalConfig, engine_factory: Callable | None = None, embedder=None, log=None) -> dict:
     """The whole evaluation -> results dict (also written to cfg.out_dir with the report and plots)."""
     from transformers.utils import logging as hf_logging
@@ -519,12 +529,7 @@ def run_eval(cfg: EvalConfig, engine_factory: Callable | None = None, embedder=N
     hf_logging.set_verbosity_error()  # "sequence longer than 512": we only count tokens of long chunks
     log = log or Log()
     t_start = time.perf_counter()
-    out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cache = EvalCache(cfg.cache_dir)
-    if embedder is None:
-        embedder = make_embedder(cfg.device, resolve_eval_dtype(cfg.device, cfg.dtype))
-        log(f"embedder {embedder.name} on {embedder.device} in {embedder.dtype}")
+    out_dir, cache, embedder = start_run(cfg, embedder, log)
     prepared = prepare_runs(cfg, embedder, cache, log, engine_factory, out_dir)
     ds, runs, engine, qemb, cutter = (prepared.dataset, prepared.runs, prepared.engine, prepared.query_emb,
                                       prepared.cutter)

@@ -16,7 +16,6 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
-from pathlib import Path
 
 import numpy as np
 
@@ -32,14 +31,12 @@ from engine.evaluation.harness import (
     _environment,
     apply_selector,
     extra_setting,
-    make_embedder,
     prepare_runs,
-    resolve_eval_dtype,
+    start_run,
     summarize,
     views,
 )
 from engine.evaluation.metrics import bootstrap_ci
-from engine.evaluation.retrieval import EvalCache
 
 FIXED_FAMILIES = ("fixed", "recursive")
 PEER_FAMILY = "peer"
@@ -170,12 +167,7 @@ def run_suite(cfg: EvalConfig, data_dirs: Sequence[str], engine_factory: Callabl
     hf_logging.set_verbosity_error()
     log = log or Log()
     t_start = time.perf_counter()
-    out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cache = EvalCache(cfg.cache_dir)
-    if embedder is None:
-        embedder = make_embedder(cfg.device, resolve_eval_dtype(cfg.device, cfg.dtype))
-        log(f"embedder {embedder.name} on {embedder.device} in {embedder.dtype}")
+    out_dir, cache, embedder = start_run(cfg, embedder, log)
     sets: list[SetRun] = []
     for d in data_dirs:
         sets.append(prepare_runs(replace(cfg, data_dir=d), embedder, cache, log, engine_factory, out_dir))
