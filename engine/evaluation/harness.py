@@ -22,6 +22,7 @@ import numpy as np
 
 from engine.errors import QascError
 from engine.evaluation import baselines as B
+from engine.evaluation import peers as P
 from engine.evaluation import qasc as Q
 from engine.evaluation.crossval import CVResult, best_in_sample, leave_one_corpus_out
 from engine.evaluation.data import Dataset, Question, load_dataset
@@ -161,6 +162,8 @@ def make_chunkers(names: Sequence[str], embedder, sentence_source, cfg: EvalConf
         elif name.startswith("semantic"):
             pct = float(name.split("-p")[1]) if "-p" in name else 95.0
             out.append(B.SemanticChunker(sentence_source, pct))
+        elif name in P.PEER_METHODS or name.startswith("semchunk-"):
+            out.append(P.make_peer(name, embedder))
         elif name in ("qasc", "llm-ppl"):
             continue  # QASC runs through the engine; the stand-in runs on its subset
         elif name == "llm-agentic":
@@ -184,7 +187,10 @@ def baseline_run(chunks: ChunkSet, chunker: B.Chunker, query_emb: np.ndarray, qu
     ranked = ranked_hits(chunks, query_emb, max(depth, 1)) if len(chunks) else [[] for _ in questions]
     run = MethodRun(chunker.name, chunker.family, chunker.note, {}, {})
     sels = [f"k={k}" for k in cfg.ks] + [f"budget={b}" for b in cfg.budgets]
-    add_candidates(run, "chunks", ranked, sels, questions, cutter)
+    # retrieval recipes (LlamaIndex sentence window, auto-merging) turn ranked nodes into what they return
+    recipe = getattr(chunker, "retrieval_views", None)
+    for base, hits, base_sels in (recipe(chunks, ranked, sels, cutter) if recipe else [("chunks", ranked, sels)]):
+        add_candidates(run, base, hits, base_sels, questions, cutter)
     run.stats = {"n_chunks": len(chunks), "mean_chunk_tokens": float(chunks.n_tokens.mean()) if len(chunks) else 0.0,
                  "mean_chunk_chars": float((chunks.ends - chunks.starts).mean()) if len(chunks) else 0.0,
                  "chunk_seconds": round(chunks.seconds_chunk, 2), "embed_seconds": round(chunks.seconds_embed, 2),
