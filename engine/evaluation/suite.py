@@ -21,7 +21,7 @@ import numpy as np
 
 from engine.errors import QascError
 from engine.evaluation import qasc as Q
-from engine.evaluation.crossval import CVResult, leave_one_corpus_out
+from engine.evaluation.crossval import CVResult, best_in_sample, leave_one_corpus_out
 from engine.evaluation.harness import (
     BUDGET_CRITERION,
     METRIC_KEYS,
@@ -208,6 +208,13 @@ def run_suite(cfg: EvalConfig, data_dirs: Sequence[str], engine_factory: Callabl
         timings["ablations"] = time.perf_counter() - t0
         extents = {n: extent_histogram(h) for n, h in set_hits(sets, "qasc", cvs["qasc"]).items()}
 
+    default = None
+    if "qasc" in cvs:  # the setting every fold would get with all sets to learn from: the shipped default
+        keys = _common_keys(sets, "qasc", ("k", "margin"))
+        key = best_in_sample(_pooled_candidates(sets, "qasc", keys))
+        base, sel = key.split("|", 1)
+        default = {"candidate": key, "selector": sel, **sets[0].runs["qasc"].settings[base].describe()}
+
     within = {}
     for s in sets:  # secondary view: each set's own leave-one-corpus-out headline
         v, _ = views(s.runs, s.dataset, cfg)
@@ -226,6 +233,7 @@ def run_suite(cfg: EvalConfig, data_dirs: Sequence[str], engine_factory: Callabl
         "targets": suite_targets(heldout, recall400, names),
         "ablations": ablation_rows,
         "extents": extents,
+        "chosen_on_all_sets": default,
         "within_set": within,
         "config": {**asdict(cfg), "data_dirs": list(data_dirs), "grid_size": len(sets[0].grid)},
         "environment": _environment(embedder),

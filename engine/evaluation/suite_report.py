@@ -51,6 +51,10 @@ def render(results: dict) -> str:
             L.append(f"- {f['corpus']} ({f['n_questions']} q): `{f['chosen']}` — train F1 "
                      f"{100 * f['train_score']:.1f}, held-out F1 {100 * f['heldout_score']:.1f}")
         L.append("")
+    chosen = results.get("chosen_on_all_sets")
+    if chosen:
+        L.append(f"Chosen on all sets together (the shipped default): `{chosen['candidate']}`.")
+        L.append("")
     tg = results.get("targets") or {}
     if tg:
         L.append("## Targets per held-out set")
