@@ -28,8 +28,9 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", default=None, help=f"Chroma-format folder (corpora/*.md + questions.csv); required "
-                   f"unless ${DATA_ENV} names one")
+    p.add_argument("--data", default=None, help="Chroma-format folder (corpora/*.md + questions.csv), or several "
+                   "separated by commas: the development suite, scored leave-one-dataset-out (every choice made on "
+                   f"the other sets); required unless ${DATA_ENV} names one (or several)")
     p.add_argument("--out", required=True, help="output folder: report.md, results.json, *.png, spans.jsonl")
     p.add_argument("--methods", type=_names, default=DEFAULT_METHODS,
                    help="comma-separated methods (default: all): " + ", ".join(DEFAULT_METHODS)
@@ -67,6 +68,19 @@ def run(args: argparse.Namespace) -> int:
         judge_questions=args.judge_questions, n_boot=args.bootstrap, seed=args.seed, device=args.device,
         dtype=args.dtype, grid=args.grid,
     )
+    dirs = _names(data)
+    if len(dirs) > 1:
+        from jobs.eval.suite import run_suite
+
+        results = run_suite(cfg, dirs)
+        held, sets = results["heldout"], list(results["sets"])
+        print(f"{'method':<24} " + " ".join(f"{s[:14]:>14}" for s in sets) + f" {'pooled':>7}")
+        for name in sorted(held, key=lambda n: -held[n]["pooled"]["f1"]["mean"]):
+            e = held[name]
+            print(f"{name:<24} " + " ".join(f"{e['sets'][s]['f1']['mean']:14.1f}" for s in sets)
+                  + f" {e['pooled']['f1']['mean']:7.1f}")
+        print(f"held-out F1 (leave-one-dataset-out); report: {args.out}/report.md")
+        return 0
     results = run_eval(cfg)
     held = results["heldout"]
     print(f"{'method':<30} {'F1':>6} {'P':>6} {'R':>6} {'tokens':>7}")

@@ -179,20 +179,25 @@ class SemanticChunker(Chunker):
 
     Cosine distance between consecutive sentences d_i = 1 - cos(e_i, e_{i+1}); a chunk ends after
     sentence i where d_i > the `percentile`-th percentile of the document's distances (LangChain's
-    default 95; it embeds each sentence with one neighbour each side, we embed single sentences).
+    default 95; it embeds each sentence with one neighbour each side, we embed single sentences). A chunk also
+    ends before it would pass `max_tokens` (the model's 256-word-piece window; v1 had no cap and made chunks of
+    ~830 tokens, mostly unseen by the model). LangChain's own splitter runs as the peer `lc-semantic`.
     """
 
     family = "semantic"
+    version = 2
     expensive = True
 
-    def __init__(self, sentences: SentenceSource, percentile: float = 95.0) -> None:
+    def __init__(self, sentences: SentenceSource, percentile: float = 95.0, max_tokens: int | None = 256) -> None:
         self.sentences = sentences
         self.percentile = percentile
+        self.max_tokens = max_tokens
         self.name = "semantic" if percentile == 95.0 else f"semantic-p{percentile:g}"
-        self.note = f"breakpoints where consecutive-sentence cosine distance > {percentile:g}th percentile"
+        self.note = (f"breakpoints where consecutive-sentence cosine distance > {percentile:g}th percentile, "
+                     f"chunks capped at {max_tokens} tokens")
 
     def key(self) -> str:
-        return f"semantic-p{self.percentile:g}-v{self.version}"
+        return f"semantic-p{self.percentile:g}-t{self.max_tokens}-v{self.version}"
 
     def spans(self, corpus_id: str, text: str) -> list[Span]:
         spans, emb, n_tokens = self.sentences(corpus_id, text)
@@ -203,7 +208,7 @@ class SemanticChunker(Chunker):
         breaks = np.zeros(len(spans), dtype=bool)
         breaks[1:] = dist > threshold
         starts, ends = zip(*spans, strict=True)
-        return group_spans(starts, ends, breaks, n_tokens, None)
+        return group_spans(starts, ends, breaks, n_tokens, self.max_tokens)
 
 
 def smollm2_path() -> tuple[str, str]:
@@ -385,4 +390,5 @@ RECURSIVE_SIZES = (400, 800)
 DEFAULT_METHODS = tuple(
     [f"fixed-{n}" for n in FIXED_SIZES] + [f"recursive-{n}c" for n in RECURSIVE_SIZES]
     + ["recursive-200t", "sentences", "semantic", "llm-ppl", "llm-agentic", "qasc"]
-)
+    + ["lc-semantic", "chonkie-semantic", "semchunk-128", "semchunk-256", "li-sentence-window", "li-automerge"]
+)  # the last row: peers' own code (jobs.eval.peers)

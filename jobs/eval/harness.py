@@ -21,6 +21,7 @@ import numpy as np
 
 from engine.errors import QascError
 from jobs.eval import baselines as B
+from jobs.eval import peers as P
 from jobs.eval import qasc as Q
 from jobs.eval.crossval import CVResult, best_in_sample, leave_one_corpus_out
 from jobs.eval.data import Dataset, Question, load_dataset
@@ -160,6 +161,8 @@ def make_chunkers(names: Sequence[str], embedder, sentence_source, cfg: EvalConf
         elif name.startswith("semantic"):
             pct = float(name.split("-p")[1]) if "-p" in name else 95.0
             out.append(B.SemanticChunker(sentence_source, pct))
+        elif name in P.PEER_METHODS or name.startswith("semchunk-"):
+            out.append(P.make_peer(name, embedder))
         elif name in ("qasc", "llm-ppl"):
             continue  # QASC runs through the engine; the stand-in runs on its subset
         elif name == "llm-agentic":
@@ -183,7 +186,10 @@ def baseline_run(chunks: ChunkSet, chunker: B.Chunker, query_emb: np.ndarray, qu
     ranked = ranked_hits(chunks, query_emb, max(depth, 1)) if len(chunks) else [[] for _ in questions]
     run = MethodRun(chunker.name, chunker.family, chunker.note, {}, {})
     sels = [f"k={k}" for k in cfg.ks] + [f"budget={b}" for b in cfg.budgets]
-    add_candidates(run, "chunks", ranked, sels, questions, cutter)
+    # retrieval recipes (LlamaIndex sentence window, auto-merging) turn ranked nodes into what they return
+    recipe = getattr(chunker, "retrieval_views", None)
+    for base, hits, base_sels in (recipe(chunks, ranked, sels, cutter) if recipe else [("chunks", ranked, sels)]):
+        add_candidates(run, base, hits, base_sels, questions, cutter)
     run.stats = {"n_chunks": len(chunks), "mean_chunk_tokens": float(chunks.n_tokens.mean()) if len(chunks) else 0.0,
                  "mean_chunk_chars": float((chunks.ends - chunks.starts).mean()) if len(chunks) else 0.0,
                  "chunk_seconds": round(chunks.seconds_chunk, 2), "embed_seconds": round(chunks.seconds_embed, 2),
@@ -428,29 +434,33 @@ def evaluate_methods(dataset: Dataset, query_emb: np.ndarray, chunksets: dict[st
     return runs
 
 
-def run_eval(cfg: EvalConfig, engine_factory: Callable | None = None, embedder=None, log=None) -> dict:
-    """The whole evaluation -> results dict (also written to cfg.out_dir with the report and plots)."""
-    from transformers.utils import logging as hf_logging
+@dataclass
+class SetRun:
+    """One data set's stages up to the per-question scores of every candidate of every method."""
 
-    from jobs.eval import report
+    dataset: Dataset
+    runs: dict[str, MethodRun]
+    engine: object | None  # engine.query.Engine (None when QASC is not among the methods)
+    query_emb: np.ndarray  # (Q, dim)
+    cutter: TokenCutter
+    chunksets: dict[str, tuple[B.Chunker, ChunkSet]]
+    grid: list[Q.Setting]
+    dtype: str
+    timings: dict[str, float]
 
-    hf_logging.set_verbosity_error()  # "sequence longer than 512": we only count tokens of long chunks
-    log = log or Log()
-    t_start = time.perf_counter()
+
+def prepare_runs(cfg: EvalConfig, embedder, cache: EvalCache, log, engine_factory: Callable | None = None,
+                 out_dir: Path | None = None) -> SetRun:
+    """Load cfg.data_dir, embed its questions, build/reuse the store and every baseline's chunks, and score
+    every candidate of every method on every question."""
     timings: dict[str, float] = {}
-    out_dir = Path(cfg.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cache = EvalCache(cfg.cache_dir)
-
+    out_dir = out_dir or Path(cfg.out_dir)
     t0 = time.perf_counter()
     full_ds = load_dataset(cfg.data_dir)
     ds = quick_subset(full_ds) if cfg.quick else full_ds
     log(f"data {ds.root}: {len(ds.corpora)} corpora, {sum(map(len, ds.corpora.values()))} chars, "
         f"{len(ds.questions)} questions ({sum(q.multi for q in ds.questions)} multi-reference)")
     dtype = resolve_eval_dtype(cfg.device, cfg.dtype)
-    if embedder is None:
-        embedder = make_embedder(cfg.device, dtype)
-        log(f"embedder {embedder.name} on {embedder.device} in {embedder.dtype}")
     qemb = query_embeddings(embedder, ds.questions, cache)
     timings["load_and_queries"] = time.perf_counter() - t0
 
@@ -485,6 +495,34 @@ def run_eval(cfg: EvalConfig, engine_factory: Callable | None = None, embedder=N
     t0 = time.perf_counter()
     runs = evaluate_methods(ds, qemb, chunksets, engine, grid, cfg, cutter, log)
     timings["retrieve_and_score"] = time.perf_counter() - t0
+    return SetRun(ds, runs, engine, qemb, cutter, chunksets, grid, dtype, timings)
+
+
+def start_run(cfg: EvalConfig, embedder, log) -> tuple[Path, EvalCache, object]:
+    """The output folder (created), the cache, and the embedder (made from cfg unless one is lent)."""
+    out_dir = Path(cfg.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if embedder is None:
+        embedder = make_embedder(cfg.device, resolve_eval_dtype(cfg.device, cfg.dtype))
+        log(f"embedder {embedder.name} on {embedder.device} in {embedder.dtype}")
+    return out_dir, EvalCache(cfg.cache_dir), embedder
+
+
+def run_eval(cfg: EvalConfig, engine_factory: Callable | None = None, embedder=None, log=None) -> dict:
+    """The whole evaluation -> results dict (also written to cfg.out_dir with the report and plots)."""
+    from transformers.utils import logging as hf_logging
+
+    from jobs.eval import report
+
+    hf_logging.set_verbosity_error()  # "sequence longer than 512": we only count tokens of long chunks
+    log = log or Log()
+    t_start = time.perf_counter()
+    out_dir, cache, embedder = start_run(cfg, embedder, log)
+    prepared = prepare_runs(cfg, embedder, cache, log, engine_factory, out_dir)
+    ds, runs, engine, qemb, cutter = (prepared.dataset, prepared.runs, prepared.engine, prepared.query_emb,
+                                      prepared.cutter)
+    chunksets, grid, dtype, timings = prepared.chunksets, prepared.grid, prepared.dtype, prepared.timings
+    methods = list(dict.fromkeys(cfg.methods))
 
     t0 = time.perf_counter()
     results, cvs = views(runs, ds, cfg)

@@ -50,6 +50,11 @@ def targets(results: dict) -> dict:
         s = max(sem, key=lambda n: held[n]["f1"]["mean"])
         ratio = q["f1"]["mean"] / max(held[s]["f1"]["mean"], 1e-9)
         out["f1_vs_semantic"] = {"baseline": s, "ratio": ratio, "target": 1.12, "met": ratio >= 1.12}
+    peer = [n for n, v in held.items() if v["family"] == "peer"]  # issue 13: the peers' own code
+    if peer:
+        p = max(peer, key=lambda n: held[n]["f1"]["mean"])
+        ratio = q["f1"]["mean"] / max(held[p]["f1"]["mean"], 1e-9)
+        out["f1_vs_best_peer"] = {"baseline": p, "ratio": ratio, "target": 1.10, "met": ratio >= 1.10}
     if "sentences" in held:
         for part, label in (("all", "f1_vs_sentences"), ("multi", "multi_f1_vs_sentences")):
             a = q["f1"]["mean"] if part == "all" else q["multi"]["f1"]["mean"]
