@@ -4,7 +4,14 @@ No I/O, no model, no Ray: every function maps tensors to tensors on the device o
 `kernels.reference` holds a slow, loop-based twin of each function for the tests.
 """
 
-from kernels.extents import neighbour_dots, pick_extents, pooled_extent_scores, run_norms
+from kernels.extents import (
+    block_extent_scores,
+    block_stats,
+    neighbour_dots,
+    pick_extents,
+    pooled_extent_scores,
+    run_norms,
+)
 from kernels.merging import coverage, fill_gaps, label_segments, segment_scores, segment_spans, segment_sums
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
@@ -16,6 +23,8 @@ from kernels.windows import decay_window_scores, expand_windows, keep_windows
 __all__ = [
     "QascBatch",
     "QascParams",
+    "block_extent_scores",
+    "block_stats",
     "cap_breaks",
     "coverage",
     "decay_window_scores",
