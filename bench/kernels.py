@@ -28,12 +28,16 @@ from kernels.params import QascParams
 BASE = QascParams(percentile=95.0, min_seeds=1, max_seeds=None, radius=0, adaptive=False, threshold=None, margin=None,
                   clip_to_paragraph=False, decay=0.3, factor=0.6, merge=True, gap=0, snap="none", max_tokens=512,
                   score="seed_sim", top_k=1, budget_tokens=None, score_margin=None, extent="window", max_extent=3,
-                  extent_penalty=0.0, max_picks=10, focus_gap=None)
+                  extent_penalty=0.0, max_picks=10, focus_gap=None, far_margin=None, block_extents="none",
+                  length_bonus=0.0)
 DOTS_WIDTH = 3  # every setting below scores runs of at most 3 sentences
 SETTINGS = {
     "default": QascParams(),  # whatever the current defaults are
     "pooled-focus": BASE.replace(percentile=75.0, extent="pooled", clip_to_paragraph=True, top_k=10,
                                  score_margin=0.1, focus_gap=6),
+    "blocks-far": BASE.replace(percentile=75.0, extent="pooled", clip_to_paragraph=True, top_k=10,
+                               score_margin=0.1, focus_gap=6, far_margin=0.02, block_extents="both",
+                               length_bonus=0.02),
     "p95-r0-top1": BASE,
     "r3-adaptive": BASE.replace(percentile=90.0, radius=3, adaptive=True, margin=0.1, top_k=3),
     "r2-snap-para": BASE.replace(percentile=80.0, radius=2, snap="paragraph", max_tokens=200, top_k=None),
@@ -46,7 +50,7 @@ def synthetic_batch(q: int, length: int, seed: int = 0, device: str | torch.devi
                     dim: int = 384) -> dict[str, torch.Tensor]:
     """A random ragged batch (Q, L): sims float32, valid bool, region/paragraph/section ids and n_tokens int64,
     dots (Q, L, DOTS_WIDTH) float32: neighbour dots of random unit vectors of width `dim`, made a row at a time."""
-    from kernels.extents import neighbour_dots
+    from kernels.extents import block_stats, neighbour_dots
 
     g = torch.Generator().manual_seed(seed)
     noise = torch.randn(q, length + 8, generator=g)
@@ -64,11 +68,15 @@ def synthetic_batch(q: int, length: int, seed: int = 0, device: str | torch.devi
            for name, flags in (("region", new_region), ("paragraph", new_paragraph), ("section", new_section))}
     tokens = torch.randint(5, 41, (q, length), generator=g)
     dots = torch.zeros((q, length, DOTS_WIDTH))
+    blocks = {f"{kind}_{part}": torch.zeros((q, length), dtype=dtype) for kind in ("paragraph", "section")
+              for part, dtype in (("sizes", torch.long), ("norms", torch.float32))}
     for i in range(q):  # one row's (L, dim) vectors at a time: the batch never holds (Q, L, dim)
         row = torch.nn.functional.normalize(torch.randn(length, dim, generator=g), dim=-1)
         dots[i] = neighbour_dots(row, DOTS_WIDTH)
+        for kind in ("paragraph", "section"):  # each row taken as one document
+            blocks[f"{kind}_sizes"][i], blocks[f"{kind}_norms"][i] = block_stats(row, ids[kind][i])
     out = {"sims": torch.where(valid, sims, torch.zeros_like(sims)), "valid": valid, **ids, "n_tokens": tokens,
-           "dots": dots}
+           "dots": dots, **blocks}
     return {k: v.to(device) for k, v in out.items()}
 
 
@@ -77,7 +85,7 @@ def run(batch: dict[str, torch.Tensor], params: QascParams, ops=None, rows: int 
 
     b = batch if rows is None else {k: v[:rows] for k, v in batch.items()}
     return run_qasc(b["sims"], b["valid"], b["region"], b["paragraph"], b["section"], b["n_tokens"], params, ops=ops,
-                    dots=b["dots"])
+                    dots=b["dots"], blocks={k: (b[f"{k}_sizes"], b[f"{k}_norms"]) for k in ("paragraph", "section")})
 
 
 def estimate_peak(batch, params, device) -> int:

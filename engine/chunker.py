@@ -9,7 +9,7 @@ from engine.config import EngineConfig
 from engine.embedder import Embedder
 from engine.splitter import split_sentences
 from engine.types import Chunk, Sentences
-from kernels.extents import neighbour_dots
+from kernels.extents import block_stats, neighbour_dots
 from kernels.pipeline import run_qasc
 
 
@@ -41,7 +41,10 @@ def chunk_sentences(
     ntok = torch.as_tensor(sents.n_tokens, dtype=torch.long, device=device).expand(q, n)
     width = config.qasc.max_extent
     dots = neighbour_dots(sent_emb.to(device), width).expand(q, n, width)  # (Q, N, W): one copy, expanded
-    batch = run_qasc(sims, valid, zeros, para, sect, ntok, config.qasc, dots=dots)
+    vectors = sent_emb.to(device)
+    blocks = {kind: tuple(t.expand(q, n) for t in block_stats(vectors, torch.as_tensor(ids, device=device)))
+              for kind, ids in (("paragraph", sents.paragraph), ("section", sents.section))}
+    batch = run_qasc(sims, valid, zeros, para, sect, ntok, config.qasc, dots=dots, blocks=blocks)
     return assemble_chunks(batch, [sents], zeros, positions)
 
 

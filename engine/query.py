@@ -18,7 +18,7 @@ from engine.embedder import Embedder
 from engine.errors import QascError
 from engine.types import Chunk, Sentences
 from kernels.candidates import CandidateRows, candidate_rows
-from kernels.extents import neighbour_dots
+from kernels.extents import block_stats, neighbour_dots
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
 
@@ -52,6 +52,16 @@ class Engine:
         self.n_tokens = as_t(cat("n_tokens"))
         self.embeddings = torch.as_tensor(np.asarray(store.embeddings, dtype=np.float32), device=device)
         self._dots: torch.Tensor | None = None  # (N_total, W) neighbour dots, computed on first pooled query
+        self._blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # kind -> (sizes, norms) (N_total,)
+
+    def block_stats(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """kind paragraph | section -> sizes (N_total,) int64, norms (N_total,) float32: each row's whole block
+        in its document (rows, norm of the summed vectors); query independent, computed once and kept."""
+        if kind not in self._blocks:
+            ids = self.paragraph if kind == "paragraph" else self.section
+            keys = self.doc_of_row * (int(ids.max()) + 1 if ids.numel() else 1) + ids
+            self._blocks[kind] = block_stats(self.embeddings, keys)
+        return self._blocks[kind]
 
     def neighbour_dots(self, width: int) -> torch.Tensor:
         """(N_total, >= width) float32: each row's dot products with its next width-1 rows (query independent,
@@ -124,9 +134,11 @@ class Engine:
         rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
         sims = self.candidate_sims(query_emb, rows, cand.valid)
         dots = self.neighbour_dots(params.max_extent)[rows] if params.extent == "pooled" else None  # (Q, L, W)
+        kinds = {"none": (), "both": ("paragraph", "section")}.get(params.block_extents, (params.block_extents,))
+        blocks = {k: tuple(t[rows] for t in self.block_stats(k)) for k in kinds} if params.extent == "pooled" else None
         batch = run_qasc(
             sims, cand.valid, cand.region, self.paragraph[rows], self.section[rows], self.n_tokens[rows], params,
-            dots=dots,
+            dots=dots, blocks=blocks,
         )
         return batch, cand
 

@@ -27,7 +27,9 @@ class SplitterConfig:
     """How documents become sentences."""
 
     language: str = "english"
-    line_breaks: str = "paragraph"  # Punkt: "ignore" | "paragraph" | "always" (a newline ends a sentence)
+    # Punkt: "ignore" | "paragraph" | "always" (every newline ends a sentence: table rows and list items become
+    # sentences of their own; chosen on the development suite, see bench/RESULTS.md)
+    line_breaks: str = "always"
     max_chars: int = 2000  # longer sentences are cut at whitespace (then by the token cap)
 
     def __post_init__(self) -> None:

@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s.add_argument("--max-chars", type=int, metavar="N",
                    help="sentences longer than N characters are cut at whitespace first (default 2000)")
     s.add_argument("--line-breaks", metavar="MODE",
-                   help="does a single newline end a sentence: ignore | paragraph | always (default paragraph)")
+                   help="does a single newline end a sentence: ignore | paragraph | always (default always)")
     o = p.add_argument_group("store")
     o.add_argument("--dtype-store", metavar="DTYPE",
                    help=f"embedding storage type: {' | '.join(STORE_DTYPES)} (default float32; float16 halves the "

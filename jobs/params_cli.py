@@ -7,7 +7,7 @@ from dataclasses import fields
 
 from engine.config import RetrievalConfig
 from engine.errors import QascError
-from kernels.params import EXTENT_RULES, SCORE_RULES, SNAP_RULES, QascParams
+from kernels.params import BLOCK_RULES, EXTENT_RULES, SCORE_RULES, SNAP_RULES, QascParams
 
 QASC_HELP = {
     "percentile": "seed threshold tau = this percentile (0..100) of the query's candidate similarities",
@@ -34,6 +34,12 @@ QASC_HELP = {
     "budget_tokens": "at most this many tokens returned per query ('none': no budget)",
     "score_margin": "return only chunks scoring >= best - margin ('none': off)",
     "focus_gap": "return only the best chunk and the chunks in its region at most N sentences away ('none': off)",
+    "far_margin": "with --focus-gap: also keep chunks elsewhere (other regions/documents) scoring >= best - "
+                  "margin ('none': only the best chunk's neighbours)",
+    "block_extents": f"pooled extents: whole blocks that are candidates too: {', '.join(BLOCK_RULES)} (a block "
+                     "counts when the candidate region holds all of it and it fits --max-tokens)",
+    "length_bonus": "pooled extents: added to a candidate's score times ln(its sentences) (-1..1; > 0 favours "
+                    "longer extents)",
 }
 UNSET = argparse.SUPPRESS  # flag not given: keep the store's value (None from a flag means 'none')
 RETRIEVAL_HELP = {
@@ -57,7 +63,7 @@ def _flag_type(name: str, default):
         return None
     if name in ("max_seeds", "top_k", "budget_tokens", "focus_gap"):
         return _optional(int)
-    if name in ("threshold", "margin", "factor", "score_margin"):
+    if name in ("threshold", "margin", "factor", "score_margin", "far_margin"):
         return _optional(float)
     return type(default)
 
@@ -72,7 +78,8 @@ def add_qasc_arguments(parser: argparse.ArgumentParser) -> None:
             group.add_argument(flag, dest=f.name, default=UNSET, action=argparse.BooleanOptionalAction,
                                help=QASC_HELP[f.name])
         else:
-            choices = {"snap": SNAP_RULES, "score": SCORE_RULES, "extent": EXTENT_RULES}.get(f.name)
+            choices = {"snap": SNAP_RULES, "score": SCORE_RULES, "extent": EXTENT_RULES,
+                       "block_extents": BLOCK_RULES}.get(f.name)
             extra = {"choices": choices} if choices else {}
             names = [flag, "-m"] if f.name == "radius" else [flag]
             group.add_argument(*names, dest=f.name, default=UNSET, type=_flag_type(f.name, default),

@@ -5,7 +5,14 @@ No I/O, no model, no Ray: every function maps tensors to tensors on the device o
 """
 
 from kernels.candidates import CandidateRows, candidate_rows
-from kernels.extents import neighbour_dots, pick_extents, pooled_extent_scores, run_norms
+from kernels.extents import (
+    block_extent_scores,
+    block_stats,
+    neighbour_dots,
+    pick_extents,
+    pooled_extent_scores,
+    run_norms,
+)
 from kernels.merging import coverage, fill_gaps, label_segments, segment_scores, segment_spans, segment_sums
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
@@ -18,6 +25,8 @@ __all__ = [
     "CandidateRows",
     "QascBatch",
     "QascParams",
+    "block_extent_scores",
+    "block_stats",
     "candidate_rows",
     "cap_breaks",
     "coverage",

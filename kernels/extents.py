@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.runs import positions_like, region_keys, run_bounds
+from kernels.runs import combine_keys, positions_like, region_keys, run_bounds
 
 
 def neighbour_dots(vectors: torch.Tensor, width: int, block_rows: int = 65536) -> torch.Tensor:
@@ -107,13 +107,15 @@ def pooled_extent_scores(
 
 
 def pick_extents(
-    scores: torch.Tensor, max_picks: int, margin: float | None = None
+    scores: torch.Tensor, max_picks: int, margin: float | None = None, lengths: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """scores (Q, L, M) float (-inf = not a candidate) -> pick_id (Q, L) int64, value (Q, L) float.
+    """scores (Q, L, M) float (-inf = not a candidate), lengths (Q, L, M) int64 or None -> pick_id (Q, L)
+    int64, value (Q, L) float.
 
-    Greedy non-overlapping selection per row, at most `max_picks` times: take the highest-scoring run
-    (ties: the lower start, then the shorter run), then drop every run that overlaps a taken one; runs past
-    the end of the row are never candidates. With
+    Slot m of position a is the extent of lengths[q, a, m] sentences starting at a (None: m + 1, the runs of
+    `pooled_extent_scores`). Greedy non-overlapping selection per row, at most `max_picks` times: take the
+    highest-scoring extent (ties: the lower start, then the lower slot), then drop every extent that overlaps
+    a taken one; extents past the end of the row are never candidates. With
     `margin`, only runs scoring >= the row's first pick - margin are taken. pick_id[q, i] = the order
     (0, 1, ...) of the pick covering position i, -1 if none; value[q, i] = that pick's score, -inf if none.
     """
@@ -123,8 +125,9 @@ def pick_extents(
     if length == 0 or q == 0 or m == 0:
         return pick_id, value
     idx = positions_like(pick_id)
-    run_len = torch.arange(1, m + 1, device=scores.device)
-    ends = idx[..., None] + run_len  # (Q, L, M) exclusive end of each run
+    if lengths is None:
+        lengths = torch.arange(1, m + 1, device=scores.device).expand(q, length, m)
+    ends = idx[..., None] + lengths.clamp(min=1)  # (Q, L, M) exclusive end of each extent
     avail = torch.where(ends <= length, scores, torch.full_like(scores, float("-inf")))
     ends = ends.clamp(max=length)
     first = None
@@ -137,7 +140,7 @@ def pick_extents(
         if not bool(live.any()):
             break
         start = flat // m
-        stop = start + flat % m + 1
+        stop = start + lengths.reshape(q, -1).gather(1, flat[:, None])[:, 0].clamp(min=1)
         span = (idx >= start[:, None]) & (idx < stop[:, None]) & live[:, None]
         pick_id = torch.where(span, t, pick_id)
         value = torch.where(span, best[:, None], value)
@@ -145,3 +148,66 @@ def pick_extents(
         hit = taken.gather(1, ends.reshape(q, -1)).reshape(q, length, m) > taken[:, :length, None]
         avail = torch.where(hit, torch.full_like(avail, float("-inf")), avail)
     return pick_id, value
+
+
+def block_stats(vectors: torch.Tensor, block_keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vectors (N, D) float, block_keys (N,) int64 -> sizes (N,) int64, norms (N,) float.
+
+    A block is a run of equal consecutive keys (a paragraph or section of one document); sizes[i] is the number
+    of rows of the block holding row i and norms[i] the norm of the sum of that block's vectors. Query
+    independent: computed once per store, so that a whole block's pooled cosine with any query is the sum of
+    its sentence similarities over this norm.
+    """
+    n = vectors.shape[0]
+    if n == 0:
+        return torch.zeros(0, dtype=torch.long, device=vectors.device), vectors.new_zeros(0)
+    label = torch.ones(n, dtype=torch.long, device=vectors.device)
+    label[1:] = (block_keys[1:] != block_keys[:-1]).long()
+    label = label.cumsum(0) - 1  # (N,) block index 0..B-1
+    n_blocks = int(label[-1]) + 1
+    sums = vectors.new_zeros((n_blocks, vectors.shape[1])).index_add_(0, label, vectors)
+    sizes = torch.bincount(label, minlength=n_blocks)
+    return sizes[label], torch.linalg.vector_norm(sums, dim=-1)[label]
+
+
+def block_extent_scores(
+    sims: torch.Tensor,
+    valid: torch.Tensor,
+    segment_ids: torch.Tensor,
+    block_ids: torch.Tensor,
+    block_sizes: torch.Tensor,
+    block_norms: torch.Tensor,
+    seeds: torch.Tensor,
+    n_tokens: torch.Tensor,
+    max_tokens: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """sims (Q, L) float, valid/seeds (Q, L) bool, segment_ids/block_ids (Q, L) int64, block_sizes (Q, L)
+    int64, block_norms (Q, L) float, n_tokens (Q, L) int64 -> score (Q, L) float, length (Q, L) int64.
+
+    Whole blocks (paragraphs or sections) as candidate extents. A block of the row is a run of equal segment
+    and block ids among valid positions; it is a candidate when the row holds all of it (the run is as long
+    as block_sizes says the block is), it holds a seed and its tokens fit `max_tokens`. Its score, placed at
+    its first position with length = its sentences, is its pooled cosine: the sum of its similarities over
+    block_norms. Everywhere else score is -inf and length 0.
+    """
+    q, length = sims.shape
+    score = torch.full_like(sims, float("-inf"))
+    size = torch.zeros_like(n_tokens)
+    if length == 0:
+        return score, size
+    keys = combine_keys(region_keys(segment_ids, valid), block_ids)
+    run_start, run_end = run_bounds(keys)
+    idx = positions_like(sims)
+    span = run_end - run_start + 1
+
+    def run_sum(x: torch.Tensor) -> torch.Tensor:  # (Q, L) -> sum over the run starting at each position
+        cs = torch.nn.functional.pad(x.cumsum(dim=1), (1, 0))
+        return cs.gather(1, run_end + 1) - cs.gather(1, run_start)
+
+    total = run_sum(torch.where(valid, sims, torch.zeros_like(sims)))
+    tokens = run_sum(torch.where(valid, n_tokens, torch.zeros_like(n_tokens)))
+    seeded = run_sum((seeds & valid).long()) > 0
+    ok = valid & (keys >= 0) & (idx == run_start) & (span == block_sizes) & seeded & (tokens <= max_tokens)
+    norm = torch.where(block_norms > 0, block_norms, torch.ones_like(block_norms)).to(sims.dtype)
+    cos = torch.where(block_norms > 0, total / norm, torch.zeros_like(total))
+    return torch.where(ok, cos, score), torch.where(ok, span, size)

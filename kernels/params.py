@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, fields
 SCORE_RULES = ("seed_sim", "window_max", "window_mean")
 SNAP_RULES = ("none", "paragraph", "section")
 EXTENT_RULES = ("window", "pooled")
+BLOCK_RULES = ("none", "paragraph", "section", "both")
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class QascParams:
     budget_tokens: int | None = None  # at most this many tokens returned per query
     score_margin: float | None = 0.1  # return only chunks scoring >= best - margin
     focus_gap: int | None = 6  # return only the best chunk and chunks <= this many sentences from it
+    far_margin: float | None = None  # focus: also keep chunks elsewhere scoring >= best - far_margin
+    block_extents: str = "none"  # pooled: whole paragraphs / sections (complete in the row) are candidates too
+    length_bonus: float = 0.0  # pooled: added to a candidate's score times ln(its sentences)
 
     def __post_init__(self) -> None:
         problems = []
@@ -81,6 +85,12 @@ class QascParams:
             problems.append(f"budget_tokens must be >= 1, got {self.budget_tokens}")
         if self.focus_gap is not None and self.focus_gap < 0:
             problems.append(f"focus_gap must be >= 0, got {self.focus_gap}")
+        if self.far_margin is not None and self.far_margin < 0:
+            problems.append(f"far_margin must be >= 0, got {self.far_margin}")
+        if self.block_extents not in BLOCK_RULES:
+            problems.append(f"block_extents must be one of {BLOCK_RULES}, got {self.block_extents!r}")
+        if not -1.0 <= self.length_bonus <= 1.0:
+            problems.append(f"length_bonus must be in [-1, 1], got {self.length_bonus}")
         if self.score_margin is not None and self.score_margin < 0:
             problems.append(f"score_margin must be >= 0, got {self.score_margin}")
         if problems:

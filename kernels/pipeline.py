@@ -32,6 +32,7 @@ class FastOps:
     focus_on_best = staticmethod(selection.focus_on_best)
     pooled_extent_scores = staticmethod(extents.pooled_extent_scores)
     pick_extents = staticmethod(extents.pick_extents)
+    block_extent_scores = staticmethod(extents.block_extent_scores)
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ def run_qasc(
     params: QascParams,
     ops: ModuleType | FastOps | None = None,
     dots: torch.Tensor | None = None,
+    blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> QascBatch:
     """sims (Q, L) float, valid (Q, L) bool, region/paragraph/section ids and n_tokens (Q, L) int64 -> QascBatch.
 
@@ -72,7 +74,9 @@ def run_qasc(
     neighbourhood inside one) laid end to end; nothing ever crosses a region boundary. `dots`
     (Q, L, W >= params.max_extent) float, each position's dot products with the sentence vectors of its next
     W-1 positions (`kernels.extents.neighbour_dots` of the rows behind `sims`), are needed by
-    params.extent == "pooled" only.
+    params.extent == "pooled" only. `blocks` maps "paragraph" / "section" to (sizes (Q, L) int64, norms (Q, L)
+    float): each position's whole block in its document, its sentences and the norm of its summed vectors
+    (`kernels.extents.block_stats`); needed by params.block_extents only.
     """
     ops = ops or FastOps()
     p = params
@@ -85,7 +89,13 @@ def run_qasc(
         if dots is None:
             raise ValueError("extent='pooled' needs the neighbour dots (Q, L, W) of the sentence vectors")
         runs = ops.pooled_extent_scores(sims, dots, valid, window_keys, seeds, p.max_extent, p.extent_penalty)
-        pick_id, seed_values = ops.pick_extents(runs, p.max_picks, p.score_margin)
+        lengths = torch.arange(1, p.max_extent + 1, device=sims.device).expand(*sims.shape, p.max_extent)
+        if p.block_extents != "none":
+            runs, lengths = _with_blocks(runs, lengths, sims, valid, region_ids, paragraph_ids, section_ids,
+                                         seeds, n_tokens, p, blocks, ops)
+        if p.length_bonus:
+            runs = runs + p.length_bonus * torch.log(lengths.clamp(min=1).to(runs.dtype))
+        pick_id, seed_values = ops.pick_extents(runs, p.max_picks, p.score_margin, lengths)
         kept = pick_id >= 0  # every picked sentence; its value is its run's score
         how = "max"
         # picks are disjoint runs, each its own chunk: merging touching picks would grow the best pick by its
@@ -139,7 +149,7 @@ def run_qasc(
         seg_start, seg_end, seg_tokens = _window_spans(kept, starts, ends, n_tokens, valid, labels, n_seg, p)
     if p.focus_gap is not None and n_seg > 0:
         seg_region = region.gather(1, seg_start.clamp(min=0))
-        scores = ops.focus_on_best(scores, seg_start, seg_end, seg_region, p.focus_gap)
+        scores = ops.focus_on_best(scores, seg_start, seg_end, seg_region, p.focus_gap, p.far_margin)
     order, chosen = ops.select_chunks(scores, seg_tokens, p.top_k, p.budget_tokens, p.score_margin)
     k = int(chosen.sum(dim=1).max()) if chosen.numel() else 0
     order, chosen = order[:, :k], chosen[:, :k]
@@ -154,6 +164,23 @@ def run_qasc(
         kept=kept,
         tau=tau,
     )
+
+
+def _with_blocks(runs, lengths, sims, valid, region_ids, paragraph_ids, section_ids, seeds, n_tokens, p, blocks, ops):
+    """runs/lengths (Q, L, M) -> (Q, L, M + B): the whole paragraphs and/or sections longer than the longest run
+    appended as extra candidate slots (B = 1 or 2)."""
+    kinds = ("paragraph", "section") if p.block_extents == "both" else (p.block_extents,)
+    ids = {"paragraph": paragraph_ids, "section": section_ids}
+    for kind in kinds:
+        if blocks is None or kind not in blocks:
+            raise ValueError(f"block_extents={p.block_extents!r} needs the {kind} sizes and norms (blocks=...)")
+        sizes, norms = blocks[kind]
+        score, size = ops.block_extent_scores(sims, valid, region_ids, ids[kind], sizes, norms, seeds, n_tokens,
+                                              p.max_tokens)
+        score = torch.where(size > p.max_extent, score, torch.full_like(score, float("-inf")))
+        runs = torch.cat([runs, score[..., None]], dim=2)
+        lengths = torch.cat([lengths, size[..., None]], dim=2)
+    return runs, lengths
 
 
 def _window_spans(kept, starts, ends, n_tokens, valid, labels, n_seg, p):

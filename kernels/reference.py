@@ -488,21 +488,24 @@ def pooled_extent_scores(
 
 
 def pick_extents(
-    scores: torch.Tensor, max_picks: int, margin: float | None = None
+    scores: torch.Tensor, max_picks: int, margin: float | None = None, lengths: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """pick_id (Q, L) int64, value (Q, L) float: greedy best-first non-overlapping runs (ties: lower start,
-    then shorter), at most `max_picks`, each >= first pick - margin; -1 / -inf where no pick covers."""
+    """pick_id (Q, L) int64, value (Q, L) float: greedy best-first non-overlapping extents (slot m of position
+    a covers lengths[a][m] sentences from a, m + 1 without lengths; ties: lower start, then lower slot), at most
+    `max_picks`, each >= first pick - margin; -1 / -inf where no pick covers."""
     q, length, m = scores.shape
     ids: list[list[int]] = []
     values: list[list[float]] = []
-    for row in scores.tolist():
-        cands = sorted(((row[a][n], a, n + 1) for a in range(length) for n in range(m)
-                        if row[a][n] > -_INF and a + n < length), key=lambda c: (-c[0], c[1], c[2]))
+    sizes = lengths.tolist() if lengths is not None else [[[j + 1 for j in range(m)]] * length] * q
+    for row, size in zip(scores.tolist(), sizes, strict=True):
+        cands = sorted(((row[a][j], a, max(size[a][j], 1), j) for a in range(length) for j in range(m)
+                        if row[a][j] > -_INF and a + max(size[a][j], 1) <= length),
+                       key=lambda c: (-c[0], c[1], c[3]))
         pid = [-1] * length
         val = [-_INF] * length
         taken = 0
         first = None
-        for score, a, n in cands:
+        for score, a, n, _slot in cands:
             if taken >= max_picks:
                 break
             if any(pid[i] >= 0 for i in range(a, a + n)):
@@ -564,10 +567,15 @@ def select_chunks(
 
 
 def focus_on_best(
-    scores: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, regions: torch.Tensor, gap: int | None
+    scores: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    regions: torch.Tensor,
+    gap: int | None,
+    far_margin: float | None = None,
 ) -> torch.Tensor:
     """scores with -inf for chunks other than the row's best (first maximum) unless in its region with at most
-    `gap` sentences between them; unchanged for gap None."""
+    `gap` sentences between them, or (far_margin) scoring >= best - far_margin; unchanged for gap None."""
     if gap is None:
         return scores.clone()
     if gap < 0:
@@ -585,7 +593,9 @@ def focus_on_best(
                 kept.append(row[j])
                 continue
             between = (st[j] - en[b] - 1) if st[j] > en[b] else (st[b] - en[j] - 1)
-            kept.append(row[j] if rg[j] == rg[b] and between <= gap else -_INF)
+            near = rg[j] == rg[b] and between <= gap
+            strong = far_margin is not None and row[j] >= row[b] - far_margin
+            kept.append(row[j] if near or strong else -_INF)
         out.append(kept)
     return _to_tensor(out, (q, s), scores.dtype, scores.device)
 
@@ -623,3 +633,66 @@ def candidate_rows(
     dev = hits.device
     return CandidateRows(_to_tensor(rows, (q, width), torch.long, dev), _to_tensor(valid, (q, width), torch.bool, dev),
                          _to_tensor(region, (q, width), torch.long, dev))
+
+
+def block_stats(vectors: torch.Tensor, block_keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """sizes (N,) int64, norms (N,) float: rows and norm of the summed vectors of the run of equal consecutive
+    keys holding each row."""
+    keys = block_keys.tolist()
+    rows = vectors.tolist()
+    n = len(keys)
+    sizes = [0] * n
+    norms = [0.0] * n
+    a = 0
+    while a < n:
+        b = a
+        while b + 1 < n and keys[b + 1] == keys[a]:
+            b += 1
+        total = [sum(rows[i][k] for i in range(a, b + 1)) for k in range(vectors.shape[1])]
+        norm = _sqrt(sum(x * x for x in total), vectors.dtype)
+        for i in range(a, b + 1):
+            sizes[i], norms[i] = b - a + 1, norm
+        a = b + 1
+    return (_to_tensor(sizes, (n,), torch.long, vectors.device), _to_tensor(norms, (n,), vectors.dtype,
+                                                                             vectors.device))
+
+
+def block_extent_scores(
+    sims: torch.Tensor,
+    valid: torch.Tensor,
+    segment_ids: torch.Tensor,
+    block_ids: torch.Tensor,
+    block_sizes: torch.Tensor,
+    block_norms: torch.Tensor,
+    seeds: torch.Tensor,
+    n_tokens: torch.Tensor,
+    max_tokens: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """score (Q, L) float, length (Q, L) int64: at the first position of every block of the row (run of equal
+    segment and block ids among valid positions) that is complete (as long as block_sizes), holds a seed and
+    fits max_tokens, the sum of its sims / block_norms (0 for a zero norm) and its length; -inf / 0 elsewhere."""
+    q, length = sims.shape
+    score = [[-_INF] * length for _ in range(q)]
+    size = [[0] * length for _ in range(q)]
+    for b, (row, ok, seg, blk, bs, bn, seed, tok) in enumerate(zip(
+            _rows(sims), _rows(valid), _rows(segment_ids), _rows(block_ids), _rows(block_sizes),
+            _rows(block_norms), _rows(seeds), _rows(n_tokens), strict=True)):
+        seg_of = _segment_ids(seg, ok)
+        a = 0
+        while a < length:
+            if seg_of[a] is None:
+                a += 1
+                continue
+            e = a
+            while e + 1 < length and seg_of[e + 1] == seg_of[a] and blk[e + 1] == blk[a]:
+                e += 1
+            run = range(a, e + 1)
+            total = 0.0
+            for i in run:
+                total = _round(total + row[i], sims.dtype)
+            if (e - a + 1 == bs[a] and any(seed[i] for i in run) and sum(tok[i] for i in run) <= max_tokens):
+                score[b][a] = _round(total / bn[a], sims.dtype) if bn[a] > 0 else 0.0
+                size[b][a] = e - a + 1
+            a = e + 1
+    return (_to_tensor(score, (q, length), sims.dtype, sims.device),
+            _to_tensor(size, (q, length), torch.long, sims.device))

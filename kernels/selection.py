@@ -36,14 +36,21 @@ def select_chunks(
 
 
 def focus_on_best(
-    scores: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor, regions: torch.Tensor, gap: int | None
+    scores: torch.Tensor,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    regions: torch.Tensor,
+    gap: int | None,
+    far_margin: float | None = None,
 ) -> torch.Tensor:
     """scores (Q, S) float (-inf = absent), starts/ends (Q, S) int64 row positions (inclusive), regions (Q, S)
     int64 -> scores (Q, S) with -inf for every chunk that is neither the best chunk of its row (highest score,
     ties: lower index) nor in the best chunk's region with at most `gap` sentences between the two.
 
     Evidence that spans several sentences tends to cluster around the best hit; this keeps the companions of
-    the best chunk and drops hits elsewhere. gap None returns the scores unchanged.
+    the best chunk and drops hits elsewhere. With `far_margin`, a chunk elsewhere (another region or document)
+    is kept too when it scores >= the best score - far_margin: evidence spread over several documents survives
+    when it is nearly as strong as the best hit. gap None returns the scores unchanged.
     """
     if gap is None or scores.shape[1] == 0:
         return scores.clone()
@@ -54,4 +61,7 @@ def focus_on_best(
     between = torch.maximum(starts - b_end, b_start - ends) - 1  # sentences strictly between the two chunks
     near = (regions == b_region) & (between <= gap)
     is_best = torch.zeros_like(near).scatter(1, best, True)
-    return torch.where(near | is_best, scores, torch.full_like(scores, float("-inf")))
+    keep = near | is_best
+    if far_margin is not None:
+        keep |= scores >= scores.gather(1, best) - far_margin
+    return torch.where(keep, scores, torch.full_like(scores, float("-inf")))

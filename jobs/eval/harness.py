@@ -276,7 +276,10 @@ def default_engine_factory(dataset: Dataset, cache: EvalCache, out_dir: Path, de
         raise QascError(f"QASC needs the corpus files; the data set has no path for {missing}")
     fp = model_fingerprint(resolve_model_path(None))
     root = cache.root / "stores" if cache.root else out_dir / "stores"
-    store_dir = root / f"{dataset.name}-{dataset.corpora_fingerprint()}-{fp}-{dtype}"
+    from engine.splitter import SplitterConfig
+
+    splitter = sha(json.dumps(SplitterConfig().describe(), sort_keys=True))[:8]  # a new splitter default: new store
+    store_dir = root / f"{dataset.name}-{dataset.corpora_fingerprint()}-{fp}-{dtype}-{splitter}"
     if existing_manifest(store_dir) is None:
         log(f"building the QASC store {store_dir}")
         t0 = time.perf_counter()

@@ -23,14 +23,14 @@ NEUTRAL = {"top_k": None, "budget_tokens": None, "score_margin": None}
 # setting this grid chose) change: plain sentences, no adaptive growth, seed-similarity ranking.
 GRID_BASE = {"percentile": 95.0, "radius": 0, "adaptive": False, "margin": None, "clip_to_paragraph": False,
              "score": "seed_sim", "extent": "window", "max_extent": 3, "extent_penalty": 0.0, "max_picks": 10,
-             "focus_gap": None}
+             "focus_gap": None, "far_margin": None, "block_extents": "none", "length_bonus": 0.0}
 DEFAULTS = QascParams(**{**GRID_BASE, **NEUTRAL})
 DEFAULT_RETRIEVAL = RetrievalConfig()
 SHORT = {"percentile": "p", "radius": "m", "decay": "lam", "factor": "f", "gap": "gap", "snap": "snap",
          "score": "score", "margin": "margin", "threshold": "thr", "max_tokens": "cap", "min_seeds": "min",
          "max_seeds": "max", "clip_to_paragraph": "clip", "adaptive": "adaptive", "merge": "merge",
          "extent": "extent", "max_extent": "runs", "extent_penalty": "pen", "max_picks": "picks",
-         "focus_gap": "focus"}
+         "focus_gap": "focus", "far_margin": "far", "block_extents": "blocks", "length_bonus": "lam"}
 
 
 @dataclass(frozen=True)
@@ -73,37 +73,41 @@ def setting(retrieval: dict | None = None, **params: object) -> Setting:
 # never tried without adaptive growth). Chosen per fold by leave-one-corpus-out cross-validation.
 WINDOWS = (
     {"radius": 0},
-    {"radius": 1},
-    {"radius": 2, "clip_to_paragraph": True},
-    {"radius": 3, "adaptive": True, "margin": 0.05, "clip_to_paragraph": True},
     {"radius": 3, "adaptive": True, "margin": 0.10, "clip_to_paragraph": True},
     # query-adaptive extents: the best runs of up to 2 / 3 sentences by pooled-embedding cosine
     {"extent": "pooled", "max_extent": 2, "clip_to_paragraph": True},
     {"extent": "pooled", "max_extent": 3, "clip_to_paragraph": True},
     {"extent": "pooled", "max_extent": 3, "clip_to_paragraph": False},
+    # ... and whole paragraphs / sections as candidates too, with a length bonus lam * ln(sentences)
+    {"extent": "pooled", "max_extent": 3, "clip_to_paragraph": True, "block_extents": "section",
+     "length_bonus": 0.02},
+    {"extent": "pooled", "max_extent": 3, "clip_to_paragraph": True, "block_extents": "both", "length_bonus": 0.02},
+    {"extent": "pooled", "max_extent": 3, "clip_to_paragraph": True, "block_extents": "both", "length_bonus": 0.04},
 )
 # Seeding bundles: the percentile rule alone (few seeds: precise top-k), or at least 16 seeds (the most
 # similar candidates), which lets a query return enough chunks to fill the larger token budgets.
 SEEDING = (
     {"percentile": 75.0, "min_seeds": 1},  # pooled extents only: every run holding a top-quarter sentence
-    {"percentile": 95.0, "min_seeds": 1},
     {"percentile": 90.0, "min_seeds": 1},
     {"percentile": 95.0, "min_seeds": 16},
 )
+# The focus rule (pooled extents only): keep the best chunk's neighbours within focus_gap sentences, and
+# (far_margin) chunks elsewhere, in other regions or documents, scoring within far_margin of the best.
+FOCUS = ((None, None), (4, None), (6, None), (6, 0.02), (6, 0.05))
 GRID_AXES: dict[str, Sequence] = {
     "seeding": SEEDING,
     "window": WINDOWS,
-    "gap": (0, 1),
-    "focus": (None, 2, 4, 6),  # focus_gap: keep only the best chunk's neighbours (pooled extents only)
-    "score": ("seed_sim", "window_max"),
-    "retrieval": ({"depth": 8, "neighbourhood": 2}, {"depth": 16, "neighbourhood": 2},
-                  {"depth": 16, "neighbourhood": 4}),
+    "gap": (0,),
+    "focus": FOCUS,
+    "score": ("seed_sim",),
+    "retrieval": ({"depth": 8, "neighbourhood": 2}, {"depth": 16, "neighbourhood": 4},
+                  {"depth": 16, "neighbourhood": 8}),
 }
 QUICK_AXES: dict[str, Sequence] = {
     "seeding": (SEEDING[0], SEEDING[1]),
-    "window": (WINDOWS[0], WINDOWS[3], WINDOWS[6]),
+    "window": (WINDOWS[0], WINDOWS[1], WINDOWS[3], WINDOWS[6]),
     "gap": (0,),
-    "focus": (None, 4),
+    "focus": (FOCUS[0], FOCUS[1], FOCUS[3]),
     "score": ("seed_sim",),
     "retrieval": ({"depth": 8, "neighbourhood": 2},),
 }
@@ -113,8 +117,8 @@ def qasc_grid(quick: bool = False) -> list[Setting]:
     """The declared grid as a list of Settings (duplicates removed, declared order kept)."""
     axes = QUICK_AXES if quick else GRID_AXES
     out: dict[str, Setting] = {}
-    for seeding, window, gap, focus, score, retrieval in itertools.product(*axes.values()):
-        params = {**seeding, "gap": gap, "focus_gap": focus, "score": score, **window}
+    for seeding, window, gap, (focus, far), score, retrieval in itertools.product(*axes.values()):
+        params = {**seeding, "gap": gap, "focus_gap": focus, "far_margin": far, "score": score, **window}
         pooled = params.get("extent") == "pooled"
         if focus is not None and not pooled:
             continue  # the focus rule is declared for pooled extents (it is a selection rule for both)
@@ -172,7 +176,14 @@ ABLATIONS: list[Ablation] = [
     ("pooled runs of up to 3 sentences", lambda s: s.replace(extent="pooled", max_extent=3)),
     ("pooled runs of 1 sentence (max_extent=1)", lambda s: s.replace(max_extent=1) if _pooled(s) else None),
     ("pooled runs without the seed filter (p=0)", lambda s: s.replace(percentile=0.0) if _pooled(s) else None),
-    ("no focus on the best chunk (focus_gap=None)", lambda s: s.replace(focus_gap=None)),
+    ("no focus on the best chunk (focus_gap=None)", lambda s: s.replace(focus_gap=None, far_margin=None)),
+    ("focus without far chunks (far_margin=None)", lambda s: s.replace(far_margin=None) if _pooled(s) else None),
+    ("far chunks within 0.02 of the best (far_margin=0.02)",
+     lambda s: s.replace(focus_gap=s.params.focus_gap or 6, far_margin=0.02) if _pooled(s) else None),
+    ("no whole-block extents (block_extents=none, no length bonus)",
+     lambda s: s.replace(block_extents="none", length_bonus=0.0) if _pooled(s) else None),
+    ("whole paragraphs and sections (block_extents=both, bonus 0.02)",
+     lambda s: s.replace(block_extents="both", length_bonus=0.02) if _pooled(s) else None),
     ("focus on the best chunk (focus_gap=4)", lambda s: s.replace(focus_gap=4)),
     # window-mode steps: not applicable (None) when pooled extents were chosen
     ("no decay (lambda=0)", lambda s: None if _pooled(s) else s.replace(decay=0.0)),

@@ -32,7 +32,7 @@ def two_sets(tmp_path: Path) -> list[str]:
 def test_suite_holds_each_dataset_out(tmp_path):
     dirs = two_sets(tmp_path)
     out = tmp_path / "out"
-    cfg = EvalConfig(out_dir=str(out), cache_dir=str(tmp_path / "cache"),
+    cfg = EvalConfig(data_dir=",".join(dirs), out_dir=str(out), cache_dir=str(tmp_path / "cache"),
                      methods=("fixed-8", "recursive-60c", "sentences", "qasc"), ks=(1, 2, 3), budgets=(10, 400),
                      n_boot=50, grid="quick")
     res = run_suite(cfg, dirs, engine_factory=fake_factory([]), embedder=HashEmbedder(), log=lambda m: None)
@@ -77,8 +77,8 @@ def test_suite_needs_two_distinct_sets(tmp_path):
     from engine.errors import QascError
 
     a = write_dataset(tmp_path / "one")
-    cfg = EvalConfig(out_dir=str(tmp_path / "out"), cache_dir=None, methods=("sentences",), ks=(1,), budgets=(10,),
-                     n_boot=10)
+    cfg = EvalConfig(data_dir=str(a), out_dir=str(tmp_path / "out"), cache_dir=None, methods=("sentences",), ks=(1,),
+                     budgets=(10,), n_boot=10)
     with pytest.raises(QascError, match="at least two"):
         run_suite(cfg, [str(a)], embedder=HashEmbedder(), log=lambda m: None)
     with pytest.raises(QascError, match="distinct"):

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import kernels
 import kernels.reference as ref
-from kernels.params import EXTENT_RULES, SCORE_RULES, SNAP_RULES, QascParams
+from kernels.params import BLOCK_RULES, EXTENT_RULES, SCORE_RULES, SNAP_RULES, QascParams
 from kernels.pipeline import run_qasc
 
 F64 = torch.float64
@@ -89,7 +89,28 @@ def batches(draw: st.DrawFn, max_q: int = 5, max_l: int = 24) -> dict[str, torch
         "section": as_tensor("section", torch.long),
         "tokens": as_tensor("tokens", torch.long),
         "emb": torch.tensor(rows["emb"], dtype=F64).reshape(q, length, DIM),
-    } | {"dots": row_dots(torch.tensor(rows["emb"], dtype=F64).reshape(q, length, DIM))}
+    } | {"dots": row_dots(torch.tensor(rows["emb"], dtype=F64).reshape(q, length, DIM))} | {
+        "blocks": row_blocks(torch.tensor(rows["emb"], dtype=F64).reshape(q, length, DIM),
+                             {k: as_tensor(k, torch.long) for k in ("paragraph", "section")})}
+
+
+def row_of(b: dict, q: int) -> dict:
+    """The batch's row q as a batch of one (blocks included)."""
+    out = {k: v[q : q + 1] for k, v in b.items() if k != "blocks"}
+    if "blocks" in b:
+        out["blocks"] = {kind: tuple(t[q : q + 1] for t in pair) for kind, pair in b["blocks"].items()}
+    return out
+
+
+def row_blocks(emb: torch.Tensor, ids: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Each row taken as one document: per kind, its blocks' sizes and norms (Q, L), as the engine gathers them."""
+    q, length, _ = emb.shape
+    out = {}
+    for kind, key in ids.items():
+        pairs = [kernels.block_stats(emb[i], key[i]) for i in range(q)]
+        out[kind] = (torch.stack([p[0] for p in pairs]) if q else torch.zeros((0, length), dtype=torch.long),
+                     torch.stack([p[1] for p in pairs]) if q else torch.zeros((0, length), dtype=F64))
+    return out
 
 
 def row_dots(emb: torch.Tensor, width: int = DOTS_WIDTH) -> torch.Tensor:
@@ -155,6 +176,9 @@ def qasc_params(draw: st.DrawFn) -> QascParams:
         extent_penalty=draw(st.sampled_from([0.0, 0.125, 0.5])),
         max_picks=draw(st.integers(1, 6)),
         focus_gap=draw(st.one_of(st.none(), st.integers(0, 4))),
+        far_margin=draw(st.one_of(st.none(), st.sampled_from([0.0, 0.125, 0.5]))),
+        block_extents=draw(st.sampled_from(BLOCK_RULES)),
+        length_bonus=draw(st.sampled_from([0.0, 0.125, -0.125])),
     )
 
 
@@ -173,7 +197,7 @@ def assert_same(fast: torch.Tensor, slow: torch.Tensor) -> None:
 
 def run_both(b: dict[str, torch.Tensor], params: QascParams, ops=None):
     return run_qasc(b["sims"], b["valid"], b["region"], b["paragraph"], b["section"], b["tokens"], params, ops=ops,
-                    dots=b.get("dots"))
+                    dots=b.get("dots"), blocks=b.get("blocks"))
 
 
 def chosen_chunks(batch, q: int) -> list[tuple[int, int, int, float]]:
@@ -472,6 +496,53 @@ def test_pick_extents(data: st.DataObject) -> None:
 
 @SETTINGS
 @given(data=st.data())
+def test_block_stats(data: st.DataObject) -> None:
+    n = data.draw(st.integers(0, 12))
+    cells = data.draw(st.lists(st.sampled_from(GRID), min_size=n * DIM, max_size=n * DIM))
+    vectors = torch.tensor(cells, dtype=F64).reshape(n, DIM)
+    keys = torch.tensor(data.draw(run_row(n, False)), dtype=torch.long)
+    fast, slow = kernels.block_stats(vectors, keys), ref.block_stats(vectors, keys)
+    for f, s in zip(fast, slow, strict=True):
+        assert_same(f, s)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_block_extent_scores(data: st.DataObject) -> None:
+    b = data.draw(batches())
+    seeds = data.draw(masks(tuple(b["sims"].shape), within=b["valid"]))
+    kind = data.draw(st.sampled_from(["paragraph", "section"]))
+    sizes, norms = b["blocks"][kind]
+    cap = data.draw(st.integers(1, 300))
+    args = (b["sims"], b["valid"], b["region"], b[kind], sizes, norms, seeds, b["tokens"], cap)
+    fast, slow = kernels.block_extent_scores(*args), ref.block_extent_scores(*args)
+    for f, s in zip(fast, slow, strict=True):
+        assert_same(f, s)
+    score, size = fast
+    assert bool(((size > 0) == (score > float("-inf"))).all())
+
+
+@SETTINGS
+@given(data=st.data())
+def test_pick_extents_with_lengths(data: st.DataObject) -> None:
+    b = data.draw(batches())
+    q, length = b["sims"].shape
+    m = data.draw(st.integers(1, 4))
+    cells = data.draw(st.lists(st.sampled_from([*GRID, float("-inf")]), min_size=q * length * m,
+                               max_size=q * length * m))
+    scores = torch.tensor(cells, dtype=F64).reshape(q, length, m)
+    sizes = torch.tensor(data.draw(st.lists(st.integers(0, 7), min_size=q * length * m, max_size=q * length * m)),
+                         dtype=torch.long).reshape(q, length, m)
+    max_picks = data.draw(st.integers(1, 8))
+    margin = data.draw(st.one_of(st.none(), st.sampled_from([0.0, 0.125, 0.5])))
+    fast = kernels.pick_extents(scores, max_picks, margin, sizes)
+    slow = ref.pick_extents(scores, max_picks, margin, sizes)
+    for f, s in zip(fast, slow, strict=True):
+        assert_same(f, s)
+
+
+@SETTINGS
+@given(data=st.data())
 def test_focus_on_best(data: st.DataObject) -> None:
     q = data.draw(st.integers(0, 4))
     s = data.draw(st.integers(0, 6))
@@ -481,8 +552,9 @@ def test_focus_on_best(data: st.DataObject) -> None:
     ends = starts + torch.tensor(data.draw(st.lists(st.integers(0, 3), min_size=q * s, max_size=q * s))).reshape(q, s)
     regions = torch.tensor(data.draw(st.lists(st.integers(0, 2), min_size=q * s, max_size=q * s))).reshape(q, s)
     gap = data.draw(st.one_of(st.none(), st.integers(0, 6)))
-    fast = kernels.focus_on_best(scores, starts, ends, regions, gap)
-    assert_same(fast, ref.focus_on_best(scores, starts, ends, regions, gap))
+    far = data.draw(st.one_of(st.none(), st.sampled_from([0.0, 0.125, 0.5])))
+    fast = kernels.focus_on_best(scores, starts, ends, regions, gap, far)
+    assert_same(fast, ref.focus_on_best(scores, starts, ends, regions, gap, far))
     if s:  # the best chunk always survives
         assert torch.equal(fast.max(dim=1).values, scores.max(dim=1).values)
 
@@ -531,7 +603,7 @@ def test_pipeline_reference_matches_fast(b: dict[str, torch.Tensor], params: Qas
 def test_pipeline_batch_equals_single_queries(b: dict[str, torch.Tensor], params: QascParams) -> None:
     together = run_both(b, params)
     for q in range(b["sims"].shape[0]):
-        alone = run_both({k: v[q : q + 1] for k, v in b.items()}, params)
+        alone = run_both(row_of(b, q), params)
         mine, single = chosen_chunks(together, q), chosen_chunks(alone, 0)
         assert [c[:3] for c in mine] == [c[:3] for c in single]
         assert np.allclose([c[3] for c in mine], [c[3] for c in single], rtol=1e-12, atol=1e-15)
