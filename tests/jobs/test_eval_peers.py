@@ -209,7 +209,7 @@ def test_harness_builds_every_peer(embedder):
 
     names = [m for m in B.DEFAULT_METHODS if m in P.PEER_METHODS]
     assert names == list(P.PEER_METHODS)
-    chunkers = make_chunkers(names + ["semchunk-64"], embedder, None, EvalConfig(), print)
+    chunkers = make_chunkers(names + ["semchunk-64"], embedder, None, EvalConfig(data_dir="unused"), print)
     assert [c.name for c in chunkers] == names + ["semchunk-64"]
     assert all(c.family == "peer" for c in chunkers)
     assert len({c.key() for c in chunkers}) == len(chunkers)
