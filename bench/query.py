@@ -75,8 +75,8 @@ class TorchStore:
 
             idx = faiss_index.new_index("flat", dim, {})
             faiss_index.add(idx, self.embeddings)
-            self.index = faiss_index.to_device(idx, "flat")
-            self.search_kind = "faiss-gpu" if faiss_index.gpu_available() else "faiss-cpu"
+            self.index = faiss_index.to_device(idx, "flat", self.device)
+            self.search_kind = "faiss-cpu" if self.index is idx else "faiss-gpu"
 
     def search(self, query_emb: np.ndarray, k: int, chunk: int = 2048) -> tuple[np.ndarray, np.ndarray]:
         """query_emb (Q, dim) -> scores (Q, k) float32, rows (Q, k) int64."""

@@ -8,6 +8,7 @@ into one region. A query's row is its regions in store order; QASC never crosses
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -89,10 +90,10 @@ class Engine:
     def open(cls, store_dir: str, config: EngineConfig | None = None, device: str = "auto") -> Engine:
         """Open a store; the embedding model is the one recorded in its manifest (a mismatch is refused)."""
         from engine.embedder import resolve_device
+        from engine.store import read_manifest
         from engine.store.reader import Store
 
-        store = Store.open(store_dir)
-        stored = EngineConfig.from_dict(store.manifest.get("config", {}))
+        stored = EngineConfig.from_dict(read_manifest(Path(store_dir).expanduser().absolute()).get("config", {}))
         config = config or stored
         if config.embedder.model not in (None, stored.embedder.model):
             raise QascError(
@@ -100,6 +101,7 @@ class Engine:
                 f"not {config.embedder.model!r}"
             )
         dev = resolve_device(device if device != "auto" else config.embedder.device)
+        store = Store.open(store_dir, device=dev)  # the FAISS index follows the engine's device
         emb_cfg = stored.embedder
         embedder = Embedder(emb_cfg.model, str(dev), config.embedder.dtype, emb_cfg.max_length, emb_cfg.batch_tokens)
         if embedder.dim != int(store.manifest["dim"]) or embedder.fingerprint != store.manifest.get(
@@ -149,9 +151,13 @@ class Engine:
         retrieval: RetrievalConfig | None = None,
         slice_size: int = DEFAULT_SLICE_SIZE,
     ) -> list[list[Chunk]]:
-        """query_emb (Q, dim) -> per query, its chunks in rank order; streams in slices of `slice_size`."""
+        """query_emb (Q, dim) -> per query, its chunks in rank order; streams in slices of `slice_size`.
+
+        query_emb may be on any device and of any float dtype (a numpy array too): it is moved to the engine's
+        device and dtype first."""
         params = params or self.config.qasc
         retrieval = retrieval or self.config.retrieval
+        query_emb = torch.as_tensor(query_emb).to(device=self.device, dtype=self.embeddings.dtype)
         out: list[list[Chunk]] = []
         if self.n_total == 0:
             return [[] for _ in range(query_emb.shape[0])]

@@ -15,9 +15,7 @@ import contextlib
 import logging
 import os
 import pickle
-import re
 import signal
-import socket
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 
@@ -25,7 +23,7 @@ import numpy as np
 
 from engine.errors import QascError
 from engine.store import IngestContext, ResumableError, ShardTask
-from jobs.env import set_env_defaults
+from jobs.ray_session import connect
 
 MAX_RESTARTS = 3  # an embedding actor killed mid-job is restarted this many times
 MAX_TASK_RETRIES = 3  # and its shard retried on the new actor
@@ -88,45 +86,6 @@ def _qasc_cause(exc: BaseException) -> QascError | None:
     return None
 
 
-def _probe(address: str) -> None:
-    """HOST:PORT or ray://HOST:PORT that nothing answers -> QascError now (ray.init would wait minutes)."""
-    m = re.fullmatch(r"(?:ray://)?\[?([\w.:-]+?)\]?:(\d+)", address)
-    if not m:
-        return  # "auto", "local" and the like: ray.init decides
-    try:
-        socket.create_connection((m.group(1), int(m.group(2))), timeout=5).close()
-    except OSError as exc:
-        raise QascError(f"cannot connect to Ray at {address}: {exc.strerror or exc}") from None
-
-
-def connect(ray_address: str | None) -> bool:
-    """Connects to ray_address (or RAY_ADDRESS), else starts a local instance; -> True if this call did it."""
-    set_env_defaults()
-    import ray
-
-    if ray_address:
-        _probe(ray_address)  # an explicit address nothing answers is an error, even inside a running session
-    if ray.is_initialized():
-        return False  # the caller's session (tests, notebooks) is used as it is
-    address = ray_address or os.environ.get("RAY_ADDRESS")
-    try:
-        if address:
-            _probe(address)
-            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
-        else:
-            repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-            path = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
-            ray.init(num_cpus=os.cpu_count(), include_dashboard=False, logging_level=logging.WARNING,
-                     log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
-    except QascError:
-        raise
-    except Exception as exc:  # ConnectionError, RuntimeError, ValueError depending on the address
-        text = str(exc).strip().splitlines()
-        raise QascError(f"cannot {'connect to Ray at ' + address if address else 'start a local Ray instance'}: "
-                        f"{text[0] if text else type(exc).__name__}") from None
-    return True
-
-
 def run_ray(
     tasks: Sequence[ShardTask],
     ctx: IngestContext,
@@ -140,7 +99,7 @@ def run_ray(
 
     Connects first when the caller has not (see `connect`); disconnects only what it connected.
     """
-    started = connect(ray_address)
+    started = connect(ray_address, num_cpus=os.cpu_count())
     import ray
 
     fault_marker = os.environ.get(FAULT_MARKER_ENV)
@@ -199,8 +158,9 @@ def run_ray(
 class RayRunner:
     """The shard runner of `engine.store.ingest` on Ray: `ingest(..., runner=RayRunner(workers=2))`.
 
-    workers: embedding actors (one GPU each on a GPU cluster); ray_address: None = RAY_ADDRESS, else a new
-    local instance. Ray is connected when the ingest enters `session()`, before anything is written.
+    workers: embedding actors (one GPU each on a GPU cluster); ray_address: None = RAY_ADDRESS, else the
+    cluster of a submitted Ray job, else a new local instance (jobs/ray_session.py). Ray is connected when
+    the ingest enters `session()`, before anything is written.
     """
 
     mode = "ray"
@@ -214,7 +174,7 @@ class RayRunner:
     @contextlib.contextmanager
     def session(self) -> Iterator[None]:
         """Connects to Ray (a bad address writes nothing); disconnects what it connected."""
-        started = connect(self.ray_address)
+        started = connect(self.ray_address, num_cpus=os.cpu_count())
         try:
             yield
         finally:

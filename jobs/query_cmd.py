@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"queries per kernel slice (bounds memory; default {DEFAULT_SLICE_SIZE})")
     p.add_argument("--ray", action="store_true", help="run as a Ray job: shards of queries on actors")
     p.add_argument("--ray-address", default=None, help="Ray cluster address ('auto' = the running cluster); "
-                   "implies --ray; default: a local Ray instance")
+                   "implies --ray; default: RAY_ADDRESS, else the cluster of a `ray job submit` job, else a "
+                   "local Ray instance")
     p.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
                    help=f"Ray query actors (each opens the store once; default {DEFAULT_WORKERS})")
     add_qasc_arguments(p)

@@ -1,12 +1,15 @@
 """Ray job for very large query files: shards of queries on actors that each open the store once.
 
+Connects like the ingest job (jobs/ray_session.py: --ray-address, RAY_ADDRESS, the cluster of a submitted job,
+else a local instance); actors take one GPU each when the cluster has GPUs and --device is not cpu.
 Output rows are sorted back into input order (query position, then rank), so they equal the local path's.
 """
 
 from __future__ import annotations
 
 from engine.config import RetrievalConfig
-from jobs.env import set_env_defaults
+from engine.errors import QascError
+from jobs.ray_session import actor_placement, connect
 from jobs.results import result_rows, row_from_record, rows_to_columns
 from kernels.params import QascParams
 
@@ -50,28 +53,23 @@ def run_query_job(
     import ray
     from ray.data import ActorPoolStrategy
 
-    set_env_defaults()
-    started_here = False
-    if not ray.is_initialized():
-        if ray_address:
-            ray.init(address=ray_address, include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(num_cpus=max(2, workers), include_dashboard=False, log_to_driver=False)
-        started_here = True
+    started_here = connect(ray_address, num_cpus=max(2, workers))
     try:
-        from engine.embedder import resolve_device
-
-        use_gpu = resolve_device(device).type == "cuda"
+        resources = ray.cluster_resources()  # the cluster's GPUs decide, not the driver's torch
+        num_gpus, actor_device = actor_placement(resources, device)
+        gpus = int(resources.get("GPU", 0))
+        if num_gpus and workers > gpus:
+            raise QascError(f"--workers {workers} but the Ray cluster has {gpus} GPU(s)")
         pairs = enumerate(zip(ids, questions, strict=True))
         items = [{"position": i, "query_id": qid, "question": q} for i, (qid, q) in pairs]
         ds = ray.data.from_items(items)
         ds = ds.map_batches(
             QueryActor,
             fn_constructor_kwargs={"store": str(store), "params": params.to_dict(),
-                                   "retrieval": retrieval.__dict__, "device": "cuda" if use_gpu else "cpu"},
+                                   "retrieval": retrieval.__dict__, "device": actor_device},
             batch_size=shard_size,
             compute=ActorPoolStrategy(size=workers),
-            num_gpus=1 if use_gpu else 0,
+            num_gpus=num_gpus,
             num_cpus=1,
             batch_format="numpy",
         )

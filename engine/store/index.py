@@ -3,7 +3,8 @@
 Kinds: `flat` (exact, IndexFlatIP), `ivf` (IndexIVFFlat, inverted lists trained by k-means) and `hnsw`
 (IndexHNSWFlat). `auto` picks flat below AUTO_FLAT_MAX rows and ivf above. Ids are always global sentence
 rows (vectors are added in row order). The index is built and serialised on CPU; `to_device` moves it to
-the GPU when faiss was built with GPU support and a GPU is present (HNSW stays on CPU: faiss has no GPU HNSW).
+the engine's CUDA device (`gpu_for`: only when that device is cuda, faiss was built with GPU support and
+sees that GPU; HNSW stays on CPU: faiss has no GPU HNSW). A cpu device never puts the index on a GPU.
 `build_index` builds a store's index from its shards; `load_index` reads it back; `exact_search` is the
 numpy top-k used when a store is opened without its index.
 """
@@ -31,8 +32,11 @@ IVF_SEED = 1234
 
 
 def _faiss():
-    import faiss
-
+    try:
+        import faiss
+    except ImportError:  # still an ImportError (callers that fall back to exact search catch that)
+        raise ModuleNotFoundError('faiss is not installed: pip install -e ".[cpu]" (faiss-cpu), or ".[gpu]" '
+                                  "(faiss-gpu) on a CUDA machine", name="faiss") from None
     return faiss
 
 
@@ -122,15 +126,26 @@ def gpu_available() -> bool:
     return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0
 
 
-def to_device(index, kind: str):
-    """Moves flat / ivf indexes to GPU 0 when faiss has GPU support and a GPU is present; else unchanged."""
-    if kind == "hnsw" or not gpu_available():
-        return index
+def gpu_for(kind: str, device, faiss_gpus: int) -> int | None:
+    """Index kind, the engine's torch device (or its name), GPUs faiss sees -> the GPU to put the index on,
+    or None for CPU. Only a cuda device moves it, onto that device's index (cuda = cuda:0)."""
+    name = str(device) if device is not None else "cpu"
+    if not name.startswith("cuda") or kind == "hnsw" or faiss_gpus < 1:
+        return None
+    gpu = int(name.split(":", 1)[1]) if ":" in name else 0
+    return gpu if gpu < faiss_gpus else None
+
+
+def to_device(index, kind: str, device):
+    """Moves flat / ivf indexes to the GPU of `device` (see `gpu_for`); else the CPU index unchanged."""
     faiss = _faiss()
+    gpu = gpu_for(kind, device, faiss.get_num_gpus() if gpu_available() else 0)
+    if gpu is None:
+        return index
     res = faiss.StandardGpuResources()
-    gpu = faiss.index_cpu_to_gpu(res, 0, index)
-    gpu.qasc_resources = res  # keep the resources alive as long as the index
-    return gpu
+    moved = faiss.index_cpu_to_gpu(res, gpu, index)
+    moved.qasc_resources = res  # keep the resources alive as long as the index
+    return moved
 
 
 def reconstruct(index, rows: np.ndarray) -> np.ndarray:

@@ -92,8 +92,10 @@ class Store:
         self.index = index
 
     @classmethod
-    def open(cls, path: str | Path, *, load_index: bool = True) -> Store:
-        """Reads a committed store; QascError if missing, incomplete (no complete manifest) or corrupt."""
+    def open(cls, path: str | Path, *, load_index: bool = True, device="cpu") -> Store:
+        """Reads a committed store; QascError if missing, incomplete (no complete manifest) or corrupt.
+
+        device: where the FAISS index lives (a cuda device moves it to that GPU when faiss has GPU support)."""
         root = Path(path).expanduser().absolute()
         manifest = read_manifest(root)
         check_sizes(root, manifest)
@@ -114,7 +116,7 @@ class Store:
                             f"{manifest['counts']['documents']} / {manifest['counts']['sentences']}")
         index = None
         if load_index:
-            index = faiss_index.to_device(faiss_index.load_index(root, manifest), manifest["index"]["kind"])
+            index = faiss_index.to_device(faiss_index.load_index(root, manifest), manifest["index"]["kind"], device)
         return cls(root, manifest, docs, metadata, sources, emb, index)
 
     @property

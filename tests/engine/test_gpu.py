@@ -91,3 +91,14 @@ def test_engine_cuda_matches_cpu():
     a, b = cpu.query_embedded(q), gpu.query_embedded(q.cuda())
     assert [[(c.doc_id, c.char_start, c.char_end) for c in r] for r in a] == [
         [(c.doc_id, c.char_start, c.char_end) for c in r] for r in b]
+
+
+def test_engine_cuda_takes_cpu_float64_queries():
+    """`qasc eval --device cuda` hands query_embedded CPU vectors: they are moved to the engine's device."""
+    from bench.query import synthetic_engine
+
+    gpu = synthetic_engine(3000, "cuda", "torch", with_model=False)
+    q = torch.nn.functional.normalize(torch.randn(8, 384, generator=torch.Generator().manual_seed(1)), dim=1)
+    a, b = gpu.query_embedded(q.cuda()), gpu.query_embedded(q.double())
+    assert [[(c.doc_id, c.char_start, c.char_end) for c in r] for r in a] == [
+        [(c.doc_id, c.char_start, c.char_end) for c in r] for r in b]
