@@ -37,7 +37,7 @@ def read_split(row: dict, ctx: IngestContext) -> dict:
     from engine.tokencap import load_tokenizer
 
     task: ShardTask = pickle.loads(row["task"])
-    docs = read_shard(task.docs, ctx.read)
+    docs = read_shard(task.docs, ctx.read, ctx.memory)
     sents = split_shard(docs, ctx, load_tokenizer(ctx.config.embedder.model))
     return {"shard": row["shard"], "payload": pickle.dumps((docs, sents), protocol=5)}
 

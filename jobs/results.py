@@ -1,7 +1,8 @@
-"""Query results, one row per returned chunk: the columns, their Arrow schema, rows <-> Chunk, columns for
-Ray batches, the atomic .jsonl / .parquet writer and the table printed for people.
+"""Query results, one row per returned chunk: the columns, their Arrow schema, rows <-> Chunk, rows/chunks
+-> Arrow table, columns for Ray batches, the atomic .jsonl / .parquet writer and the table printed for people.
 
-The local and the Ray paths of `qasc query` both go through here, so their rows are the same.
+The local and the Ray paths of `qasc query` and the Ray Data stage (jobs/ray_data.py) all go through here,
+so their rows are the same.
 """
 
 from __future__ import annotations
@@ -50,6 +51,24 @@ def row_from_record(r: dict) -> dict:
             "sentence_start": int(r["sentence_start"]), "sentence_end": int(r["sentence_end"])}
 
 
+def rows_to_table(rows: Sequence[dict]):
+    """Rows -> a pyarrow Table with results_schema() (the columns of `qasc query --out X.parquet`)."""
+    import pyarrow as pa
+
+    schema = results_schema()
+    return pa.Table.from_pylist(list(rows), schema=schema) if rows else schema.empty_table()
+
+
+def to_table(results: Sequence[Sequence[Chunk]], ids: Sequence[str] | None = None):
+    """Engine.query's answer -> a pyarrow Table, one row per chunk (query order, then rank), results_schema().
+
+    ids: one query id per question (default "0", "1", ... as `qasc query` numbers a file without ids)."""
+    ids = [str(i) for i in range(len(results))] if ids is None else [str(i) for i in ids]
+    if len(ids) != len(results):
+        raise QascError(f"{len(ids)} query ids for {len(results)} results")
+    return rows_to_table(result_rows(ids, results))
+
+
 def rows_to_columns(rows: Sequence[dict]) -> dict[str, list]:
     """Rows -> {column: values}, the batch format of Ray Data."""
     return {name: [r[name] for r in rows] for name in RESULT_COLUMNS}
@@ -82,12 +101,9 @@ def write_results(rows: list[dict], out: str) -> None:
                 fh.flush()
                 os.fsync(fh.fileno())
         else:
-            import pyarrow as pa
             import pyarrow.parquet as pq
 
-            schema = results_schema()
-            table = pa.Table.from_pylist(rows, schema=schema) if rows else schema.empty_table()
-            pq.write_table(table, tmp)
+            pq.write_table(rows_to_table(rows), tmp)
         os.replace(tmp, target)
     finally:
         if tmp.exists():

@@ -7,14 +7,14 @@
     manifest  the committed manifest and the _staging area of a running ingest
     index     FAISS index: kinds, build, load, search; exact numpy search
     progress  the progress bar / log lines of an ingest
-    ingest    `ingest()` and `IngestConfig`: the orchestration of the stages
+    ingest    `ingest()`, `ingest_table()` (in-memory inputs) and `IngestConfig`: the orchestration
     reader    `Store`: a committed store in memory
     verify    `verify_store`: every integrity check
 """
 
 from engine.store.files import ResumableError, file_digest
 from engine.store.index import exact_search
-from engine.store.ingest import DEFAULT_SHARD_CHARS, IngestConfig, ingest, summary_line
+from engine.store.ingest import DEFAULT_SHARD_CHARS, IngestConfig, ingest, ingest_table, summary_line
 from engine.store.inputs import DocRef, Document, ReadOptions, ShardTask
 from engine.store.manifest import existing_manifest, read_manifest
 from engine.store.progress import IngestProgress
@@ -42,6 +42,7 @@ __all__ = [
     "existing_manifest",
     "file_digest",
     "ingest",
+    "ingest_table",
     "read_manifest",
     "sentences_schema",
     "summary_line",

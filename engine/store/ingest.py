@@ -1,4 +1,5 @@
-"""`ingest()`: split, embed and index documents into a store (created, resumed, or appended to).
+"""`ingest()`: split, embed and index documents into a store (created, resumed, or appended to);
+`ingest_table()`: the same from an in-memory Arrow table, pandas DataFrame or iterable of records.
 
 Stages: plan (read and validate every input, assign documents to shards; nothing is written before it
 passes) -> per shard: read -> split (sentences, token cap) -> embed -> write (atomic, recorded in
@@ -21,7 +22,7 @@ from engine.config import EngineConfig
 from engine.errors import QascError, first_line
 from engine.store import index as faiss_index
 from engine.store.files import ResumableError, atomic_write, failpoint, locked
-from engine.store.inputs import Document, ReadOptions, ShardTask, assign_shards, plan_inputs
+from engine.store.inputs import Document, ReadOptions, ShardTask, assign_shards, plan_inputs, plan_memory
 from engine.store.manifest import (
     Staging,
     build_manifest,
@@ -108,6 +109,47 @@ def ingest(
     progress calls (None: a bar on a terminal, else log lines). log: one-line notes (None: stderr).
     Returns the summary: documents, sentences (this run), seconds, sentences_per_s, store totals.
     """
+
+    def planner(opts: ReadOptions, existing: dict[str, str], root: Path) -> tuple[list, list, list, dict]:
+        refs, sources, skipped = plan_inputs(paths, opts, existing, exclude=root)
+        return refs, sources, skipped, {}
+
+    return _ingest(planner, store, config, settings, embedder, runner, progress, log)
+
+
+def ingest_table(
+    data,
+    store: str | Path,
+    config: EngineConfig | None = None,
+    settings: IngestConfig | None = None,
+    *,
+    source: str | None = None,
+    embedder=None,
+    runner: ShardRunner | None = None,
+    progress: IngestProgress | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict:
+    """`ingest()` from memory: a pyarrow Table (or RecordBatch), a pandas DataFrame, or an iterable of
+    mappings (records), with an id and a text column/key (settings.read.id_field / text_field); every other
+    column/key is the document's metadata.
+
+    The same validation (nothing is written for a bad table: missing column, non-string text, empty text,
+    duplicate ids, ids already in the store), resume (rerun with the same data) and manifest as files. Table
+    rows become the Documents of a .parquet file's rows, records those of a .jsonl file's lines; `source`
+    labels them (default "table" / "records"; stored as `LABEL#rowN` / `LABEL:N`), so with source = a file's
+    absolute path the store is byte-identical to the one `ingest([that file])` builds.
+    """
+
+    def planner(opts: ReadOptions, existing: dict[str, str], root: Path) -> tuple[list, list, list, dict]:
+        refs, sources, memory = plan_memory(data, opts, existing, source)
+        return refs, sources, [], memory
+
+    return _ingest(planner, store, config, settings, embedder, runner, progress, log)
+
+
+def _ingest(planner, store, config, settings, embedder, runner, progress, log) -> dict:
+    """The orchestration behind ingest() and ingest_table(); planner(opts, existing ids, root) ->
+    (refs, sources, skipped files, in-memory Documents by label)."""
     from engine.embedder import DEFAULT_MODEL, model_fingerprint, resolve_model_path
 
     t0 = time.perf_counter()
@@ -132,12 +174,12 @@ def ingest(
 
     # plan: every input read and validated before anything is written
     opts = settings.read
-    refs, sources, skipped = plan_inputs(paths, opts, existing_doc_ids(root, old), exclude=root)
+    refs, sources, skipped, memory = planner(opts, existing_doc_ids(root, old), root)
     if skipped:
         log(f"qasc ingest: skipped {len(skipped)} file(s) that are not text/markdown, e.g. {skipped[0]}")
     first_id = old["counts"]["shards"] if old else 0
     tasks = assign_shards(refs, settings.shard_chars, first_id)
-    ctx = IngestContext(config, opts, settings.max_sentence_tokens)
+    ctx = IngestContext(config, opts, settings.max_sentence_tokens, memory)
     plan = {"base_generation": old["generation"] if old else 0, "fingerprint": fingerprint,
             "splitter": splitter_desc, "dtype": dtype_store, "read": asdict(opts), "sources": sources,
             "shards": [[asdict(r) for r in t.docs] for t in tasks], "first_shard": first_id}

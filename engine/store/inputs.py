@@ -1,8 +1,13 @@
 """Inputs of an ingest: discover files, decode and validate them, plan the shards, read a shard back.
 
-Every input is read and validated by `plan_inputs` before the first byte is written (a bad input is one
-QascError naming where it is); `read_shard` reads a planned shard again in a worker and checks it against
-the plan.
+Every input is read and validated by `plan_inputs` (files) or `plan_memory` (an Arrow table, a pandas
+DataFrame or an iterable of records) before the first byte is written (a bad input is one QascError naming
+where it is); `read_shard` reads a planned shard again in a worker and checks it against the plan.
+
+In-memory inputs become the same Documents as files: table rows those of a .parquet file (source
+`LABEL#rowN`, 0-based), records those of a .jsonl file (source `LABEL:N`, 1-based); the metadata is every
+other column / key. So a store built from memory with `source=` the file's path is byte-identical to the
+store built from that file.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import hashlib
 import itertools
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +28,7 @@ from engine.errors import QascError, first_line
 
 TEXT_EXTENSIONS = (".md", ".markdown", ".txt", ".text", ".rst")
 TABLE_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
+MEMORY_KINDS = ("table", "records")  # in-memory inputs: Arrow table / pandas DataFrame, iterable of mappings
 ENCODING_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
 BINARY_SNIFF = 8192  # bytes inspected for NUL
 
@@ -53,15 +59,16 @@ class DocRef:
     """Where one input document lives; enough to read it again in a worker."""
 
     doc_id: str
-    path: str  # absolute
-    kind: str  # text | jsonl | parquet
-    row: int  # jsonl: line number (1-based); parquet: row (0-based); text: 0
-    offset: int  # jsonl: byte offset of the line
+    path: str  # absolute; in-memory inputs: the source label
+    kind: str  # text | jsonl | parquet | table | records
+    row: int  # jsonl, records: line/record number (1-based); parquet, table: row (0-based); text: 0
+    offset: int  # jsonl: byte offset of the line; table, records: position in the in-memory documents
     length: int  # jsonl: bytes of the line
     chars: int  # characters of the decoded text
 
     def where(self) -> str:
-        return {"text": self.path, "jsonl": f"{self.path}:{self.row}"}.get(self.kind, f"{self.path}#row{self.row}")
+        line = f"{self.path}:{self.row}"
+        return {"text": self.path, "jsonl": line, "records": line}.get(self.kind, f"{self.path}#row{self.row}")
 
 
 @dataclass(frozen=True)
@@ -183,14 +190,18 @@ def _parse_json_line(line: bytes, where: str, opts: ReadOptions) -> dict:
         record = json.loads(decode_text(line, where, opts))
     except json.JSONDecodeError as exc:
         raise QascError(f"{where}: invalid JSON ({exc.msg} at column {exc.colno})") from None
-    if not isinstance(record, dict):
-        raise QascError(f"{where}: expected a JSON object with {opts.id_field!r} and {opts.text_field!r}, "
+    return _check_record(record, where, opts, "a JSON object", "pass --id-field/--text-field")
+
+
+def _check_record(record: object, where: str, opts: ReadOptions, expected: str, hint: str) -> dict:
+    """A .jsonl line's object or an in-memory record: a mapping holding the id and the text fields."""
+    if not isinstance(record, Mapping):
+        raise QascError(f"{where}: expected {expected} with {opts.id_field!r} and {opts.text_field!r}, "
                         f"got {type(record).__name__}")
     for field in (opts.id_field, opts.text_field):
         if field not in record:
-            raise QascError(f"{where}: no {field!r} field (fields: {', '.join(map(str, record)) or 'none'}); "
-                            f"pass --id-field/--text-field")
-    return record
+            raise QascError(f"{where}: no {field!r} field (fields: {', '.join(map(str, record)) or 'none'}); {hint}")
+    return dict(record)
 
 
 def _parquet_file(data_or_path: bytes | str, where: str) -> pq.ParquetFile:
@@ -224,6 +235,17 @@ def _parquet_refs(data: bytes, path: Path, opts: ReadOptions) -> Iterator[DocRef
         raise QascError(f"{path}: corrupt Parquet file ({first_line(exc)})") from None
 
 
+def _check_unique(refs: Sequence[DocRef], existing: dict[str, str], seen: dict[str, str]) -> None:
+    """QascError for a doc_id already in the store or seen before (seen: doc_id -> where, updated)."""
+    for ref in refs:
+        if ref.doc_id in existing:
+            raise QascError(f"duplicate doc_id {ref.doc_id!r}: {ref.where()} is already in the store "
+                            f"({existing[ref.doc_id]})")
+        if ref.doc_id in seen:
+            raise QascError(f"duplicate doc_id {ref.doc_id!r}: {seen[ref.doc_id]} and {ref.where()}")
+        seen[ref.doc_id] = ref.where()
+
+
 def plan_inputs(paths: Sequence[str | Path], opts: ReadOptions, existing: dict[str, str] | None = None,
                 exclude: Path | None = None) -> tuple[list[DocRef], list[dict], list[str]]:
     """Read and validate every input; -> (documents in store order, sources with sha256, skipped files).
@@ -255,15 +277,94 @@ def plan_inputs(paths: Sequence[str | Path], opts: ReadOptions, existing: dict[s
             new = list(_parquet_refs(data, path, opts))
         if not new:
             raise QascError(f"{path}: empty collection (no records)")
-        for ref in new:
-            if ref.doc_id in existing:
-                raise QascError(f"duplicate doc_id {ref.doc_id!r}: {ref.where()} is already in the store "
-                                f"({existing[ref.doc_id]})")
-            if ref.doc_id in seen:
-                raise QascError(f"duplicate doc_id {ref.doc_id!r}: {seen[ref.doc_id]} and {ref.where()}")
-            seen[ref.doc_id] = ref.where()
+        _check_unique(new, existing, seen)
         refs.extend(new)
     return refs, sources, skipped
+
+
+def _memory_table(data: object, label: str) -> pa.Table | None:
+    """An Arrow table / record batch / pandas DataFrame -> pa.Table; None for anything else."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    if type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pandas"):  # pandas stays optional
+        try:
+            return pa.Table.from_pandas(data, preserve_index=False)
+        except (pa.ArrowException, ValueError, TypeError) as exc:
+            why = "; ".join(str(a).strip().splitlines()[0] for a in exc.args if str(a).strip())[:300]
+            raise QascError(f"{label}: cannot convert the DataFrame to Arrow ({why or first_line(exc)})") from None
+    return None
+
+
+def _table_documents(table: pa.Table, label: str, opts: ReadOptions) -> list[Document]:
+    """Rows of an in-memory table -> Documents, exactly as the rows of a .parquet file with these columns."""
+    names = table.schema.names
+    for name in (opts.id_field, opts.text_field):
+        if name not in names:
+            raise QascError(f"{label}: no {name!r} column (columns: {', '.join(names) or 'none'}); set "
+                            f"ReadOptions(id_field=..., text_field=...)")
+    if len(set(names)) != len(names):
+        raise QascError(f"{label}: duplicate column names ({', '.join(names)})")
+    text_type = table.schema.field(opts.text_field).type
+    if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)):
+        raise QascError(f"{label}: column {opts.text_field!r} must hold strings, got {text_type}")
+    docs = []
+    for row, record in enumerate(table.to_pylist()):
+        where = f"{label}#row{row}"
+        if record[opts.id_field] is None:
+            raise QascError(f"{where}: missing {opts.id_field!r}")
+        text = _check_text(record[opts.text_field], where, opts.text_field)
+        docs.append(Document(_doc_id(record[opts.id_field], where, opts.id_field), text, _metadata(record, opts),
+                             where))
+    return docs
+
+
+def _record_documents(records: Iterable, label: str, opts: ReadOptions) -> list[Document]:
+    """Mappings -> Documents, exactly as the lines of a .jsonl file holding these objects."""
+    docs = []
+    for lineno, record in enumerate(records, start=1):
+        where = f"{label}:{lineno}"
+        record = _check_record(record, where, opts, "a mapping", "set ReadOptions(id_field=..., text_field=...)")
+        text = _check_text(record[opts.text_field], where, opts.text_field)
+        docs.append(Document(_doc_id(record[opts.id_field], where, opts.id_field), text, _metadata(record, opts),
+                             where))
+    return docs
+
+
+def plan_memory(data: object, opts: ReadOptions, existing: dict[str, str] | None = None,
+                source: str | None = None) -> tuple[list[DocRef], list[dict], dict[str, list[Document]]]:
+    """Validate an in-memory input -> (documents in store order, its source entry, {label: Documents}).
+
+    data: a pyarrow Table or RecordBatch, a pandas DataFrame, or an iterable of mappings (records).
+    source: the label stored as each document's source (default "table" or "records"). The source entry's
+    sha256 digests the documents (id, text, metadata), so rerunning with the same data resumes.
+    """
+    if isinstance(data, str | bytes | os.PathLike):
+        raise QascError(f"expected an Arrow table, a pandas DataFrame or an iterable of records, got "
+                        f"{type(data).__name__}; pass files and folders to ingest()")
+    table = _memory_table(data, source or "table")
+    if table is not None:
+        kind, label = "table", source or "table"
+        docs = _table_documents(table, label, opts)
+    elif isinstance(data, Iterable) and not isinstance(data, Mapping):
+        kind, label = "records", source or "records"
+        docs = _record_documents(data, label, opts)
+    else:
+        raise QascError(f"expected an Arrow table, a pandas DataFrame or an iterable of records, got "
+                        f"{type(data).__name__}")
+    if not docs:
+        raise QascError(f"{label}: empty collection (no records)")
+    refs = [DocRef(doc.doc_id, label, kind, pos + 1 if kind == "records" else pos, pos, 0, len(doc.text))
+            for pos, doc in enumerate(docs)]
+    _check_unique(refs, existing or {}, {})
+    digest = hashlib.sha256()
+    for doc in docs:
+        digest.update(json.dumps([doc.doc_id, doc.text, doc.metadata], ensure_ascii=False, sort_keys=True,
+                                 default=str).encode() + b"\n")
+    source_entry = {"path": label, "kind": kind, "sha256": digest.hexdigest(),
+                    "bytes": sum(len(d.text.encode("utf-8", "surrogatepass")) for d in docs)}
+    return refs, [source_entry], {label: docs}
 
 
 def assign_shards(refs: Sequence[DocRef], shard_chars: int, first_id: int = 0) -> list[ShardTask]:
@@ -300,13 +401,21 @@ def _metadata(record: dict, opts: ReadOptions) -> dict:
     return {k: v for k, v in record.items() if k not in (opts.id_field, opts.text_field)}
 
 
-def read_shard(refs: Sequence[DocRef], opts: ReadOptions) -> list[Document]:
-    """Stage read: DocRefs -> Documents (text, metadata, source), checked against the plan."""
+def read_shard(refs: Sequence[DocRef], opts: ReadOptions,
+               memory: Mapping[str, Sequence[Document]] | None = None) -> list[Document]:
+    """Stage read: DocRefs -> Documents (text, metadata, source), checked against the plan.
+
+    memory: the in-memory inputs' Documents by source label (what `plan_memory` returned)."""
     docs: list[Document] = []
     for path, group in itertools.groupby(refs, key=lambda r: r.path):
         group = list(group)
         kind = group[0].kind
-        if kind == "text":
+        if kind in MEMORY_KINDS:
+            held = (memory or {}).get(path)
+            if held is None:
+                raise QascError(f"{group[0].where()}: in-memory input {path!r} is not available here")
+            docs.extend(held[ref.offset] for ref in group)
+        elif kind == "text":
             for ref in group:
                 docs.append(Document(ref.doc_id, decode_text(_read_bytes(path), path, opts), {}, path))
         elif kind == "jsonl":

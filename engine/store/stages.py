@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -44,6 +44,8 @@ class IngestContext:
     config: EngineConfig
     read: ReadOptions
     max_sentence_tokens: int
+    # in-memory inputs (engine.store.ingest_table): their Documents by source label; empty for files
+    memory: Mapping[str, Sequence[Document]] = field(default_factory=dict, compare=False, repr=False)
 
 
 def split_document(doc: Document, splitter: SplitterConfig, tokenizer, max_tokens: int) -> Sentences:
@@ -157,7 +159,7 @@ class LocalRunner:
             progress: StageProgress) -> None:
         tokenizer = self.embedder.tokenizer
         for task in tasks:
-            docs = read_shard(task.docs, ctx.read)
+            docs = read_shard(task.docs, ctx.read, ctx.memory)
             sents = split_shard(docs, ctx, tokenizer)
             progress.split(task.chars, sum(len(s) for s in sents))
             on_shard(task, docs, sents, embed_shard(sents, self.embedder, task.shard_id, progress.advance))

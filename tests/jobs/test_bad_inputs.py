@@ -172,6 +172,10 @@ ELSEWHERE = {  # rows of the table covered by tests in other files
     "incomplete-store": "tests/engine/test_ingest_resume.py::test_sigkill_at_several_points_then_rerun",
     "corrupt-manifest": "tests/engine/test_store.py::test_open_errors",
     "query-embeddings": "tests/engine/test_store.py::test_search_pads_missing_hits_and_rejects_bad_queries",
+    **{case: "tests/engine/test_ingest_table.py::test_bad_tables_write_nothing" for case in (
+        "table-missing-column", "table-text-not-string", "table-bad-row", "table-duplicate-id", "records-not-mapping")},
+    "table-id-in-store": "tests/engine/test_ingest_table.py::test_append_and_duplicates_against_the_store",
+    "dataframe-unconvertible": "tests/engine/test_ingest_table.py::test_bad_dataframe",
 }
 API_CASES = ["nan-embeddings", "disk-full", "query-model"]  # the test functions below
 

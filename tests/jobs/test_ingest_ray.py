@@ -42,3 +42,20 @@ def test_killed_embedding_actor_is_retried(tmp_path, ray_session, tiny_model, mo
     assert a["counts"] == {"documents": 6, "sentences": 12, "shards": 3}
     assert_same_store(a, b, atol=1e-5)
     assert all(ok for _, ok, _ in verify_store(tmp_path / "ray"))
+
+
+def test_in_memory_table_on_ray(tmp_path, ray_session, tiny_model):
+    """ingest_table with the Ray runner: the documents travel in the IngestContext; same store as local."""
+    import pyarrow as pa
+
+    from engine.store import ingest_table
+
+    table = pa.table({"id": [f"doc{i}" for i in range(6)], "text": [f"Document number {i}. It has two sentences."
+                                                                     for i in range(6)], "n": list(range(6))})
+    config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
+    ingest_table(table, tmp_path / "ray", config, IngestConfig(shard_chars=60), runner=RayRunner(), progress=False)
+    ingest_table(table, tmp_path / "local", config, IngestConfig(shard_chars=60), progress=False)
+    a, b = snapshot(tmp_path / "local"), snapshot(tmp_path / "ray")
+    assert a["counts"] == {"documents": 6, "sentences": 12, "shards": 3} and a["metadata"][5] == {"n": 5}
+    assert_same_store(a, b, atol=1e-5)
+    assert all(ok for _, ok, _ in verify_store(tmp_path / "ray"))

@@ -1,0 +1,118 @@
+"""The Ray Data stage `QascQuery`: on a local Ray, `map_batches` over a Parquet file of questions gives the
+same rows as `qasc query` (local path) on the same questions; batch formats, ids, overrides and bad batches;
+the README example (extracted from README.md) runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from engine.errors import QascError
+from jobs.results import RESULT_COLUMNS, results_schema
+from tests.conftest import REPO
+from tests.engine.test_ingest_table import run_readme_example
+from tests.engine.test_query import QUESTIONS
+
+pytestmark = pytest.mark.slow
+
+IDS = [f"q{i}" for i in range(len(QUESTIONS))]
+OVERRIDES = {"top_k": 2, "radius": 1, "depth": 6, "neighbourhood": 2}
+
+
+def cli_flags(overrides: dict) -> list[str]:
+    return [x for k, v in overrides.items() for x in ("--" + k.replace("_", "-"), str(v))]
+
+
+def sorted_rows(table: pa.Table) -> list[dict]:
+    order = {qid: i for i, qid in enumerate(IDS)}
+    return sorted(table.to_pylist(), key=lambda r: (order[r["query_id"]], r["rank"]))
+
+
+def assert_same_rows(got: list[dict], want: list[dict]) -> None:
+    """Every column equal; scores to float32 rounding (a batch of 2 pads its questions unlike a batch of 4)."""
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "score"} for r in rows]  # noqa: E731
+    assert strip(got) == strip(want)
+    np.testing.assert_allclose([r["score"] for r in got], [r["score"] for r in want], rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def questions_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("questions") / "questions.parquet"
+    pq.write_table(pa.table({"id": IDS, "question": QUESTIONS}), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cli_rows(demo_store, questions_file) -> list[dict]:
+    """`qasc query --queries questions.parquet --out X.parquet` (local path) with the same overrides."""
+    out = questions_file.parent / "cli.parquet"
+    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "query", "--store", str(demo_store), "--queries",
+                           str(questions_file), "--out", str(out), "--device", "cpu", *cli_flags(OVERRIDES)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    table = pq.read_table(out)
+    assert table.num_rows >= len(QUESTIONS)
+    return sorted_rows(table)
+
+
+def test_map_batches_equals_qasc_query(demo_store, questions_file, cli_rows, tmp_path, ray_session):
+    import ray
+    from ray.data import ActorPoolStrategy, DataContext
+
+    from jobs.ray_data import QascQuery
+
+    DataContext.get_current().enable_progress_bars = False
+    ds = ray.data.read_parquet(str(questions_file))
+    answers = ds.map_batches(QascQuery, fn_constructor_kwargs={"store": str(demo_store), "device": "cpu",
+                                                               **OVERRIDES},
+                             batch_size=2, compute=ActorPoolStrategy(size=1), num_gpus=0, num_cpus=1)
+    answers.write_parquet(str(tmp_path / "answers"))
+    table = pq.read_table(tmp_path / "answers")
+    assert tuple(table.column_names) == RESULT_COLUMNS
+    assert table.schema.remove_metadata().equals(results_schema())
+    assert_same_rows(sorted_rows(table), cli_rows)
+
+
+def test_batch_formats_ids_and_bad_batches(demo_store, cli_rows):
+    pd = pytest.importorskip("pandas")
+    from jobs.ray_data import QascQuery
+
+    stage = QascQuery(str(demo_store), device="cpu", params={"top_k": 2, "radius": 1}, retrieval={"depth": 6},
+                      neighbourhood=2)
+    assert stage.params.top_k == 2 and stage.retrieval.neighbourhood == 2
+    for batch in ({"id": np.array(IDS), "question": np.array(QUESTIONS, dtype=object)},  # batch_format numpy
+                  pd.DataFrame({"id": IDS, "question": QUESTIONS}),  # batch_format pandas
+                  pa.table({"id": IDS, "question": QUESTIONS})):  # batch_format pyarrow
+        out = stage(batch)
+        assert out.schema == results_schema()
+        assert_same_rows(sorted_rows(out), cli_rows)
+    no_ids = stage({"question": np.array(QUESTIONS[:1], dtype=object)})
+    assert set(no_ids.column("query_id").to_pylist()) == {QUESTIONS[0]}
+    assert stage({"question": np.array([], dtype=object)}).num_rows == 0
+    with pytest.raises(QascError, match=r"no `question` column \(columns: query\)"):
+        stage({"query": np.array(QUESTIONS)})
+    with pytest.raises(QascError, match="empty question in row 1"):
+        stage({"question": np.array(["Why?", " "], dtype=object)})
+    with pytest.raises(QascError, match="unknown QASC parameter"):
+        QascQuery(str(demo_store), device="cpu", top_kk=3)
+
+
+@pytest.mark.timeout(600)
+def test_readme_ray_data_example_runs(tmp_path):
+    short = Path(tempfile.mkdtemp(prefix="qasc-rd-"))  # Ray's socket paths under TMPDIR must stay < 108 bytes
+    try:
+        out = run_readme_example("ray-data", tmp_path, tmpdir=short)  # its own Ray instance, in a subprocess
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    lines = [line for line in out.splitlines() if line.startswith("{'query_id'")]
+    assert {line.split("'")[3] for line in lines} == {"q1", "q2", "q3"}, out
