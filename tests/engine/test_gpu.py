@@ -50,7 +50,8 @@ def test_kernels_cuda_empty_rows():
     z = torch.zeros(4, 16, device="cuda")
     ids = torch.full((4, 16), -1, dtype=torch.long, device="cuda")
     dots = torch.zeros(4, 16, 3, device="cuda")
-    out = run_qasc(z, z.bool(), ids, ids, ids, ids.clamp(min=0), QascParams(), dots=dots)
+    blocks = {k: (ids.clamp(min=1), z) for k in ("paragraph", "section")}
+    out = run_qasc(z, z.bool(), ids, ids, ids, ids.clamp(min=0), QascParams(), dots=dots, blocks=blocks)
     assert out.chosen.numel() == 0 or not out.chosen.any()
 
 

@@ -656,6 +656,8 @@ def test_pipeline_all_rows_empty(q: int) -> None:
         "section": torch.zeros((q, length), dtype=torch.long),
         "tokens": torch.ones((q, length), dtype=torch.long),
         "dots": torch.zeros((q, length, DOTS_WIDTH), dtype=F64),
+        "blocks": {k: (torch.ones((q, length), dtype=torch.long), torch.zeros((q, length), dtype=F64))
+                   for k in ("paragraph", "section")},
     }
     for ops in (None, ref):
         out = run_both(b, QascParams(), ops=ops)
