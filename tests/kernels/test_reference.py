@@ -480,10 +480,14 @@ def test_pick_extents(data: st.DataObject) -> None:
     cells = data.draw(st.lists(st.sampled_from([*GRID, float("-inf")]), min_size=q * length * m,
                                max_size=q * length * m))
     scores = torch.tensor(cells, dtype=F64).reshape(q, length, m)
+    sizes = None  # runs of m + 1 sentences, or explicit per-slot lengths (whole blocks), 0 included
+    if data.draw(st.booleans()):
+        cells = data.draw(st.lists(st.integers(0, 7), min_size=q * length * m, max_size=q * length * m))
+        sizes = torch.tensor(cells, dtype=torch.long).reshape(q, length, m)
     max_picks = data.draw(st.integers(1, 8))
     margin = data.draw(st.one_of(st.none(), st.sampled_from([0.0, 0.125, 0.5])))
-    fast = kernels.pick_extents(scores, max_picks, margin)
-    slow = ref.pick_extents(scores, max_picks, margin)
+    fast = kernels.pick_extents(scores, max_picks, margin, sizes)
+    slow = ref.pick_extents(scores, max_picks, margin, sizes)
     for f, s in zip(fast, slow, strict=True):
         assert_same(f, s)
     ids = fast[0]
@@ -520,25 +524,6 @@ def test_block_extent_scores(data: st.DataObject) -> None:
         assert_same(f, s)
     score, size = fast
     assert bool(((size > 0) == (score > float("-inf"))).all())
-
-
-@SETTINGS
-@given(data=st.data())
-def test_pick_extents_with_lengths(data: st.DataObject) -> None:
-    b = data.draw(batches())
-    q, length = b["sims"].shape
-    m = data.draw(st.integers(1, 4))
-    cells = data.draw(st.lists(st.sampled_from([*GRID, float("-inf")]), min_size=q * length * m,
-                               max_size=q * length * m))
-    scores = torch.tensor(cells, dtype=F64).reshape(q, length, m)
-    sizes = torch.tensor(data.draw(st.lists(st.integers(0, 7), min_size=q * length * m, max_size=q * length * m)),
-                         dtype=torch.long).reshape(q, length, m)
-    max_picks = data.draw(st.integers(1, 8))
-    margin = data.draw(st.one_of(st.none(), st.sampled_from([0.0, 0.125, 0.5])))
-    fast = kernels.pick_extents(scores, max_picks, margin, sizes)
-    slow = ref.pick_extents(scores, max_picks, margin, sizes)
-    for f, s in zip(fast, slow, strict=True):
-        assert_same(f, s)
 
 
 @SETTINGS
