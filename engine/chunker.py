@@ -39,11 +39,14 @@ def chunk_sentences(
     para = torch.as_tensor(sents.paragraph, dtype=torch.long, device=device).expand(q, n)
     sect = torch.as_tensor(sents.section, dtype=torch.long, device=device).expand(q, n)
     ntok = torch.as_tensor(sents.n_tokens, dtype=torch.long, device=device).expand(q, n)
-    width = config.qasc.max_extent
-    dots = neighbour_dots(sent_emb.to(device), width).expand(q, n, width)  # (Q, N, W): one copy, expanded
+    p = config.qasc
     vectors = sent_emb.to(device)
-    blocks = {kind: tuple(t.expand(q, n) for t in block_stats(vectors, torch.as_tensor(ids, device=device)))
-              for kind, ids in (("paragraph", sents.paragraph), ("section", sents.section))}
+    dots = None
+    if p.extent == "pooled":  # (Q, N, W): one copy, expanded
+        dots = neighbour_dots(vectors, p.max_extent).expand(q, n, p.max_extent)
+    ids = {"paragraph": sents.paragraph, "section": sents.section}
+    blocks = {kind: tuple(t.expand(q, n) for t in block_stats(vectors, torch.as_tensor(ids[kind], device=device)))
+              for kind in p.block_kinds}
     batch = run_qasc(sims, valid, zeros, para, sect, ntok, config.qasc, dots=dots, blocks=blocks)
     return assemble_chunks(batch, [sents], zeros, positions)
 

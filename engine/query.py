@@ -136,8 +136,7 @@ class Engine:
         rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
         sims = self.candidate_sims(query_emb, rows, cand.valid)
         dots = self.neighbour_dots(params.max_extent)[rows] if params.extent == "pooled" else None  # (Q, L, W)
-        kinds = {"none": (), "both": ("paragraph", "section")}.get(params.block_extents, (params.block_extents,))
-        blocks = {k: tuple(t[rows] for t in self.block_stats(k)) for k in kinds} if params.extent == "pooled" else None
+        blocks = {k: tuple(t[rows] for t in self.block_stats(k)) for k in params.block_kinds}
         batch = run_qasc(
             sims, cand.valid, cand.region, self.paragraph[rows], self.section[rows], self.n_tokens[rows], params,
             dots=dots, blocks=blocks,

@@ -98,6 +98,13 @@ class QascParams:
         if problems:
             raise ValueError("; ".join(problems))
 
+    @property
+    def block_kinds(self) -> tuple[str, ...]:
+        """The block kinds whose whole blocks are candidate extents: () unless pooled with block_extents set."""
+        if self.extent != "pooled" or self.block_extents == "none":
+            return ()
+        return ("paragraph", "section") if self.block_extents == "both" else (self.block_extents,)
+
     def replace(self, **changes: object) -> QascParams:
         unknown = set(changes) - {f.name for f in fields(self)}
         if unknown:

@@ -90,7 +90,7 @@ def run_qasc(
             raise ValueError("extent='pooled' needs the neighbour dots (Q, L, W) of the sentence vectors")
         runs = ops.pooled_extent_scores(sims, dots, valid, window_keys, seeds, p.max_extent, p.extent_penalty)
         lengths = torch.arange(1, p.max_extent + 1, device=sims.device).expand(*sims.shape, p.max_extent)
-        if p.block_extents != "none":
+        if p.block_kinds:
             runs, lengths = _with_blocks(runs, lengths, sims, valid, region_ids, paragraph_ids, section_ids,
                                          seeds, n_tokens, p, blocks, ops)
         if p.length_bonus:
@@ -169,9 +169,8 @@ def run_qasc(
 def _with_blocks(runs, lengths, sims, valid, region_ids, paragraph_ids, section_ids, seeds, n_tokens, p, blocks, ops):
     """runs/lengths (Q, L, M) -> (Q, L, M + B): the whole paragraphs and/or sections longer than the longest run
     appended as extra candidate slots (B = 1 or 2)."""
-    kinds = ("paragraph", "section") if p.block_extents == "both" else (p.block_extents,)
     ids = {"paragraph": paragraph_ids, "section": section_ids}
-    for kind in kinds:
+    for kind in p.block_kinds:
         if blocks is None or kind not in blocks:
             raise ValueError(f"block_extents={p.block_extents!r} needs the {kind} sizes and norms (blocks=...)")
         sizes, norms = blocks[kind]
