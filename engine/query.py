@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,6 +24,9 @@ from kernels.candidates import CandidateRows, candidate_rows
 from kernels.extents import block_stats, neighbour_dots
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 MAX_QUERY_CHARS = 10_000
 SIMS_BLOCK_ELEMENTS = 1 << 24  # gathered candidate vectors per block (64 MiB of float32)
@@ -194,7 +198,7 @@ class Engine:
         params: QascParams | None = None,
         retrieval: RetrievalConfig | None = None,
         slice_size: int = DEFAULT_SLICE_SIZE,
-    ):
+    ) -> Iterator[pa.RecordBatch]:
         """query_emb (Q, dim), ids (Q) query ids (default "0", "1", ...) -> one pyarrow RecordBatch per slice
         (engine.columns.results_schema(): one row per chunk, query order then rank), yielded as each slice
         finishes, so a writer can stream them (jobs.results.ResultWriter)."""
@@ -215,7 +219,7 @@ class Engine:
         params: QascParams | None = None,
         retrieval: RetrievalConfig | None = None,
         slice_size: int = DEFAULT_SLICE_SIZE,
-    ):
+    ) -> Iterator[pa.RecordBatch]:
         """questions (Q), ids (Q) -> one pyarrow RecordBatch per slice of `slice_size` questions, each embedded
         only when its slice runs: neither the query vectors nor the results of all Q are ever held at once.
         Every question is checked (empty, too long) before the first slice runs."""
@@ -223,6 +227,8 @@ class Engine:
         ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in ids]
         if len(ids) != n:
             raise QascError(f"{len(ids)} query ids for {n} questions")
+        if slice_size < 1:
+            raise QascError(f"slice_size must be >= 1, got {slice_size}")
         self.check_questions(questions)
         for lo in range(0, n, slice_size):
             emb = self.embed_queries(questions[lo : lo + slice_size])

@@ -77,5 +77,7 @@ class QascQuery:
         ids = [str(x) for x in _column(batch, "id")] if "id" in names else list(questions)
         import pyarrow as pa
 
-        batches = self.engine.query_stream(questions, ids, self.params, self.retrieval) if questions else []
+        # one slice for the whole batch: one engine call, its memory set by map_batches' batch_size
+        batches = self.engine.query_stream(questions, ids, self.params, self.retrieval,
+                                           slice_size=max(len(questions), 1))
         return pa.Table.from_batches(list(batches), schema=results_schema())
