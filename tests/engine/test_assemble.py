@@ -133,3 +133,26 @@ def test_query_batches_are_the_chunks_as_rows(synthetic_engine):
     assert got.to_pylist() == want.to_pylist()
     with pytest.raises(Exception, match="3 query ids for 23"):
         next(eng.query_batches(q, ids[:3]))
+
+
+def test_chunk_sentences_spans_and_seeds():
+    """engine.chunk's in-memory path (one document, positions = sentence indices) through the vectorized
+    assembly: exact spans, seeds inside their chunk, ranks by score."""
+    from engine.chunker import chunk_sentences
+    from engine.config import EngineConfig
+
+    rng = np.random.default_rng(3)
+    doc = _docs(rng, 1)[0]
+    while len(doc) < 2:
+        doc = _docs(rng, 1)[0]
+    emb = torch.nn.functional.normalize(torch.randn(len(doc), 16, generator=torch.Generator().manual_seed(0)), dim=1)
+    for extent in ("pooled", "window"):
+        config = EngineConfig(qasc=QascParams(extent=extent, top_k=None, score_margin=None, focus_gap=None))
+        results = chunk_sentences(doc, emb, emb[:2] + 0.1, config)
+        assert len(results) == 2 and all(results)
+        for chunks in results:
+            assert [c.score for c in chunks] == sorted((c.score for c in chunks), reverse=True)
+            for c in chunks:
+                assert c.text == doc.text[c.char_start : c.char_end] and c.doc_id == doc.doc_id
+                assert c.char_start == doc.char_start[c.sentence_start] and c.char_end == doc.char_end[c.sentence_end]
+                assert c.seed_ids and all(c.sentence_start <= s <= c.sentence_end for s in c.seed_ids)
