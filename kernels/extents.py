@@ -106,6 +106,9 @@ def pooled_extent_scores(
     return out
 
 
+SCAN_MAX = 64  # pick_extents: rows with at most this many candidates within the margin are picked by one scan
+
+
 def pick_extents(
     scores: torch.Tensor, max_picks: int, margin: float | None = None, lengths: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,21 +121,100 @@ def pick_extents(
     a taken one; extents past the end of the row are never candidates. With
     `margin`, only runs scoring >= the row's first pick - margin are taken. pick_id[q, i] = the order
     (0, 1, ...) of the pick covering position i, -1 if none; value[q, i] = that pick's score, -inf if none.
+
+    With a margin, only the few candidates within it of the row's best can ever be taken: rows with at most
+    SCAN_MAX of them are decided in one scan over those candidates in pick order (`_pick_by_scan`); other rows
+    (and every row without a margin) take one pick per step over the whole row (`_pick_by_steps`).
     """
     q, length, m = scores.shape
     pick_id = torch.full((q, length), -1, dtype=torch.long, device=scores.device)
     value = torch.full((q, length), float("-inf"), dtype=scores.dtype, device=scores.device)
     if length == 0 or q == 0 or m == 0:
         return pick_id, value
-    idx = positions_like(pick_id)
+    room = length - torch.arange(length, device=scores.device)[:, None]  # (L, 1) sentences left from each start
     if lengths is None:
-        lengths = torch.arange(1, m + 1, device=scores.device).expand(q, length, m)
-    ends = idx[..., None] + lengths.clamp(min=1)  # (Q, L, M) exclusive end of each extent
-    avail = torch.where(ends <= length, scores, torch.full_like(scores, float("-inf")))
-    ends = ends.clamp(max=length)
+        span = torch.arange(1, m + 1, device=scores.device).expand(q, length, m)
+        avail = scores.masked_fill(span > room, float("-inf"))  # (Q, L, M), an extent past the end: none
+    else:
+        span = lengths  # clamped to >= 1 where it is used (a length <= 0 always fits: every row has room >= 1)
+        avail = scores.masked_fill(lengths > room, float("-inf"))
+    if margin is None:
+        return _pick_by_steps(avail, span, max_picks, None, pick_id, value)
+    first = avail.reshape(q, -1).amax(dim=1)  # (Q,) every row's first pick
+    # may be taken: finite and >= first - margin (+inf: a row without candidates; -max: an infinite margin)
+    floor = torch.where(first > float("-inf"), (first - margin).clamp(min=-torch.finfo(avail.dtype).max),
+                        float("inf"))
+    near = avail >= floor[:, None, None]  # (Q, L, M)
+    hits = near.reshape(q, -1).nonzero()  # (N, 2) row, flat index: row-major, so in flat order within a row
+    count = torch.bincount(hits[:, 0], minlength=q)
+    scan = count <= SCAN_MAX
+    if bool(scan.all()):
+        return _pick_by_scan(avail, span, hits, count, max_picks, pick_id, value)
+    rows = scan.nonzero()[:, 0]
+    sub = near[rows].reshape(rows.shape[0], length * m).nonzero()
+    ids, vals = _pick_by_scan(avail[rows], span[rows], sub, count[rows], max_picks, pick_id[rows], value[rows])
+    pick_id[rows], value[rows] = ids, vals
+    rows = (~scan).nonzero()[:, 0]
+    ids, vals = _pick_by_steps(avail[rows], span[rows], max_picks, margin, pick_id[rows], value[rows])
+    pick_id[rows], value[rows] = ids, vals
+    return pick_id, value
+
+
+def _pick_by_scan(avail, span, hits, count, max_picks, pick_id, value):
+    """pick_extents for rows whose candidates within the margin (hits (N, 2): row and flat index of each, in
+    flat order within a row; count (Q,) per row) are few:
+    sorted best first (ties: lower start, then lower slot), each is taken unless it overlaps one taken before
+    it or `max_picks` are taken: the greedy steps' picks, in the same order."""
+    q, length, m = avail.shape
+    k = int(count.max()) if q else 0
+    if k == 0:
+        return pick_id, value
+    row, flat = hits[:, 0], hits[:, 1]
+    rank = torch.arange(row.shape[0], device=avail.device) - (count.cumsum(0) - count)[row]
+    cand = torch.full((q, k), -1, dtype=torch.long, device=avail.device)
+    cand[row, rank] = flat  # (Q, K) flat index of each row's candidates, in flat order, -1 = none
+    present = cand >= 0
+    score = torch.where(present, avail.reshape(q, -1).gather(1, cand.clamp(min=0)), float("-inf"))
+    order = score.sort(dim=1, descending=True, stable=True).indices  # best first; ties: lower flat index
+    cand, present, score = cand.gather(1, order), present.gather(1, order), score.gather(1, order)
+    flat = cand.clamp(min=0)
+    start = flat // m
+    stop = start + span.reshape(q, -1).gather(1, flat).clamp(min=1)  # (Q, K) exclusive
+    clash = (start[:, :, None] < stop[:, None, :]) & (start[:, None, :] < stop[:, :, None])  # (Q, K, K)
+    taken = torch.zeros_like(present)
+    n_taken = torch.zeros(q, dtype=torch.long, device=avail.device)
+    for i in range(k):
+        ok = present[:, i] & (n_taken < max_picks) & ~(clash[:, i, :i] & taken[:, :i]).any(dim=1)
+        taken[:, i] = ok
+        n_taken += ok
+    # taken extents are disjoint: +t+1 at the start of pick t and -(t+1) at its stop, summed left to right
+    t = torch.where(taken, taken.long().cumsum(dim=1), 0)
+    mark = torch.zeros((q, length + 1), dtype=torch.long, device=avail.device)
+    mark.scatter_add_(1, torch.where(taken, start, 0), t)
+    mark.scatter_add_(1, torch.where(taken, stop, 0), -t)
+    pick_id = mark[:, :length].cumsum(dim=1) - 1
+    # value of pick t: the t-th taken score
+    slot = torch.where(taken, t - 1, k)
+    by_pick = torch.full((q, k + 1), float("-inf"), dtype=avail.dtype, device=avail.device)
+    by_pick.scatter_(1, slot, torch.where(taken, score, float("-inf")))
+    value = torch.where(pick_id >= 0, by_pick.gather(1, pick_id.clamp(min=0)), value)
+    return pick_id, value
+
+
+def _pick_by_steps(avail, span, max_picks, margin, pick_id, value):
+    """pick_extents one pick per step: the best available extent of each row, then every extent overlapping it
+    is dropped (avail (Q, L, M) with -inf = none, span (Q, L, M) its sentences)."""
+    q, length, m = avail.shape
+    if q == 0:
+        return pick_id, value
+    idx = torch.arange(length, device=avail.device)
+    starts = idx[:, None].expand(length, m).reshape(-1)  # (L * M,) start of each flat extent
+    span = span.clamp(min=1)
+    ends = (idx[:, None] + span).reshape(q, -1)  # (Q, L * M) exclusive
+    avail = avail.reshape(q, -1)  # our own copy: dropped extents are written in place
     first = None
     for t in range(max_picks):
-        best, flat = avail.reshape(q, -1).max(dim=1)
+        best, flat = avail.max(dim=1)
         live = best > float("-inf")
         if margin is not None:
             first = best if first is None else first
@@ -140,13 +222,12 @@ def pick_extents(
         if not bool(live.any()):
             break
         start = flat // m
-        stop = start + lengths.reshape(q, -1).gather(1, flat[:, None])[:, 0].clamp(min=1)
-        span = (idx >= start[:, None]) & (idx < stop[:, None]) & live[:, None]
-        pick_id = torch.where(span, t, pick_id)
-        value = torch.where(span, best[:, None], value)
-        taken = torch.nn.functional.pad((pick_id >= 0).long().cumsum(dim=1), (1, 0))  # (Q, L+1)
-        hit = taken.gather(1, ends.reshape(q, -1)).reshape(q, length, m) > taken[:, :length, None]
-        avail = torch.where(hit, torch.full_like(avail, float("-inf")), avail)
+        stop = start + span.reshape(q, -1).gather(1, flat[:, None])[:, 0]
+        cover = (idx >= start[:, None]) & (idx < stop[:, None]) & live[:, None]
+        pick_id = torch.where(cover, t, pick_id)
+        value = torch.where(cover, best[:, None], value)
+        hit = (starts < stop[:, None]) & (ends > start[:, None]) & live[:, None]  # overlaps the new pick
+        avail.masked_fill_(hit, float("-inf"))
     return pick_id, value
 
 
