@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.runs import combine_keys, positions_like, region_keys, run_bounds
+from kernels.runs import positions_like, region_keys, run_bounds
 
 
 def neighbour_dots(vectors: torch.Tensor, width: int, block_rows: int = 65536) -> torch.Tensor:
@@ -269,26 +269,36 @@ def block_extent_scores(
     and block ids among valid positions; it is a candidate when the row holds all of it (the run is as long
     as block_sizes says the block is), it holds a seed and its tokens fit `max_tokens`. Its score, placed at
     its first position with length = its sentences, is its pooled cosine: the sum of its similarities over
-    block_norms. Everywhere else score is -inf and length 0.
+    block_norms. Everywhere else score is -inf and length 0. The runs are found as (first, last) position
+    pairs, so the work after a few (Q, L) passes is per run, not per position.
     """
     q, length = sims.shape
     score = torch.full_like(sims, float("-inf"))
     size = torch.zeros_like(n_tokens)
-    if length == 0:
+    if length == 0 or q == 0:
         return score, size
-    keys = combine_keys(region_keys(segment_ids, valid), block_ids)
-    run_start, run_end = run_bounds(keys)
-    idx = positions_like(sims)
-    span = run_end - run_start + 1
+    # a run ends between i and i + 1 when the segment, the block or validity changes there
+    cut = (segment_ids[:, 1:] != segment_ids[:, :-1]) | (block_ids[:, 1:] != block_ids[:, :-1])
+    cut |= valid[:, 1:] != valid[:, :-1]
+    first = valid.clone()
+    first[:, 1:] &= cut
+    last = valid.clone()
+    last[:, :-1] &= cut
+    # row-major order pairs the k-th first position of a row with its k-th last position
+    row, a = first.nonzero().unbind(1)  # (N,) one entry per run
+    e = last.nonzero()[:, 1]
+    span = e - a + 1
 
-    def run_sum(x: torch.Tensor) -> torch.Tensor:  # (Q, L) -> sum over the run starting at each position
+    def run_sum(x: torch.Tensor) -> torch.Tensor:  # (Q, L) -> (N,) sum over each run
         cs = torch.nn.functional.pad(x.cumsum(dim=1), (1, 0))
-        return cs.gather(1, run_end + 1) - cs.gather(1, run_start)
+        return cs[row, e + 1] - cs[row, a]
 
-    total = run_sum(torch.where(valid, sims, torch.zeros_like(sims)))
-    tokens = run_sum(torch.where(valid, n_tokens, torch.zeros_like(n_tokens)))
-    seeded = run_sum((seeds & valid).long()) > 0
-    ok = valid & (keys >= 0) & (idx == run_start) & (span == block_sizes) & seeded & (tokens <= max_tokens)
-    norm = torch.where(block_norms > 0, block_norms, torch.ones_like(block_norms)).to(sims.dtype)
-    cos = torch.where(block_norms > 0, total / norm, torch.zeros_like(total))
-    return torch.where(ok, cos, score), torch.where(ok, span, size)
+    total = run_sum(torch.where(valid, sims, torch.zeros_like(sims)))  # the same sums as a full-row cumsum
+    ok = (span == block_sizes[row, a]) & (run_sum(seeds.long()) > 0) & (run_sum(n_tokens) <= max_tokens)
+    norms = block_norms[row, a]
+    cos = torch.where(norms > 0, total / torch.where(norms > 0, norms, torch.ones_like(norms)).to(sims.dtype),
+                      torch.zeros_like(total))
+    row, a = row[ok], a[ok]
+    score[row, a] = cos[ok]
+    size[row, a] = span[ok]
+    return score, size
