@@ -287,14 +287,16 @@ def block_extent_scores(
     # row-major order pairs the k-th first position of a row with its k-th last position
     row, a = first.nonzero().unbind(1)  # (N,) one entry per run
     e = last.nonzero()[:, 1]
+    before = a - 1  # the position before each run (-1 at the row's start: nothing before)
+
+    def run_sum(cs: torch.Tensor) -> torch.Tensor:  # (Q, L) cumulative sums -> (N,) sum over each run
+        head = cs[row, before.clamp(min=0)]
+        return cs[row, e] - torch.where(before >= 0, head, torch.zeros_like(head))
+
+    total = run_sum(torch.where(valid, sims, 0.0).cumsum(dim=1))  # the same full-row sums as before
     span = e - a + 1
-
-    def run_sum(x: torch.Tensor) -> torch.Tensor:  # (Q, L) -> (N,) sum over each run
-        cs = torch.nn.functional.pad(x.cumsum(dim=1), (1, 0))
-        return cs[row, e + 1] - cs[row, a]
-
-    total = run_sum(torch.where(valid, sims, torch.zeros_like(sims)))  # the same sums as a full-row cumsum
-    ok = (span == block_sizes[row, a]) & (run_sum(seeds.long()) > 0) & (run_sum(n_tokens) <= max_tokens)
+    ok = (span == block_sizes[row, a]) & (run_sum(seeds.cumsum(dim=1, dtype=torch.long)) > 0)
+    ok &= run_sum(n_tokens.cumsum(dim=1)) <= max_tokens
     norms = block_norms[row, a]
     cos = torch.where(norms > 0, total / torch.where(norms > 0, norms, torch.ones_like(norms)).to(sims.dtype),
                       torch.zeros_like(total))
