@@ -255,6 +255,24 @@ def test_percentile_seeds(data: st.DataObject) -> None:
     assert not bool((fast[1] & ~b["valid"]).any())
 
 
+@SETTINGS
+@given(data=st.data())
+def test_top_ranked_equals_sorted_ranks(data: st.DataObject) -> None:
+    """top_ranked (a top-k and tie counting) against the stable sort it replaces, -inf and NaN similarities too."""
+    from kernels.seeding import similarity_ranks, top_ranked
+
+    b = data.draw(batches())
+    sims = b["sims"].clone()
+    q, length = sims.shape
+    odd = data.draw(st.lists(st.sampled_from([None, float("-inf"), float("nan")]), min_size=q * length,
+                             max_size=q * length))
+    for i, v in enumerate(odd):
+        if v is not None and data.draw(st.integers(0, 3)) == 0:
+            sims.view(-1)[i] = v
+    k = data.draw(st.integers(0, length + 1))
+    assert torch.equal(top_ranked(sims, b["valid"], k), similarity_ranks(sims, b["valid"]) < k)
+
+
 # --------------------------------------------------------------------------------------------------- windows
 
 
