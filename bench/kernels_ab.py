@@ -3,8 +3,9 @@
 The ref's kernels/ is exported (`git archive`) to a temporary folder as the package `kernels_ab_ref` (its
 `kernels.` imports renamed), so both pipelines run on the same synthetic batches (`bench.kernels.synthetic_batch`)
 interleaved round-robin: load on a shared machine hits both alike. Per setting: whether every QascBatch field
-is bit-identical (else allclose, else which field differs), the median us/query of each side, and the ratio of
-each setting to the first one, per side.
+is bit-identical (else allclose, else which field differs), the median us/query of each side by the wall clock
+and by process CPU time (with --threads 1 the steadier of the two on a loaded machine: time spent descheduled
+is not counted), and the ratio of each setting to the first one, per side and clock.
 
     python -m bench.kernels_ab --ref 332025e --settings pooled-focus,sections-far,blocks-far --qs 1000 --ls 256
 """
@@ -88,20 +89,26 @@ def main(argv=None) -> dict:
             for name in names:
                 same[name].append(compare(call(old, b, SETTINGS[name]), call(new, b, SETTINGS[name])))
         b = synthetic_batch(args.qs, args.ls, 0)
-        times = {(side, name): [] for side in ("before", "after") for name in names}
+        times = {(clock, side, name): [] for clock in ("wall", "cpu") for side in ("before", "after") for name in names}
         for r in range(args.repeats + 1):  # round 0 warms up
             for name in names:
                 for side, mod in (("before", old), ("after", new)):
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     call(mod, b, SETTINGS[name])
                     if r:
-                        times[(side, name)].append(time.perf_counter() - t0)
+                        times[("wall", side, name)].append(time.perf_counter() - t0)
+                        times[("cpu", side, name)].append(time.process_time() - c0)
     us = {k: 1e6 * median(v) / args.qs for k, v in times.items()}
-    rows = [{"setting": name, "before us/query": us[("before", name)], "after us/query": us[("after", name)],
-             "speed-up": us[("before", name)] / us[("after", name)],
-             f"before / {names[0]}": us[("before", name)] / us[("before", names[0])],
-             f"after / {names[0]}": us[("after", name)] / us[("after", names[0])],
-             "outputs": ", ".join(sorted(set(same[name])))} for name in names]
+    rows = []
+    for name in names:
+        row = {"setting": name}
+        for clock in ("wall", "cpu"):
+            before, after = us[(clock, "before", name)], us[(clock, "after", name)]
+            row.update({f"{clock} before us/q": before, f"{clock} after us/q": after,
+                        f"{clock} speed-up": before / after,
+                        f"{clock} before / {names[0]}": before / us[(clock, "before", names[0])],
+                        f"{clock} after / {names[0]}": after / us[(clock, "after", names[0])]})
+        rows.append({**row, "outputs": ", ".join(sorted(set(same[name])))})
     info = machine_info("cpu")
     print(f"\nQ={args.qs} L={args.ls}, before = kernels/ at {args.ref}, torch threads {torch.get_num_threads()}, "
           f"median of {args.repeats} interleaved rounds; load avg {info['load_avg']}")
