@@ -174,7 +174,8 @@ def _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seed
     q, length, m = runs.shape
     out = runs.new_empty((q, length, m + len(p.block_kinds)))
     out[..., :m] = runs
-    lengths = torch.empty(out.shape, dtype=torch.long, device=runs.device)
+    out[..., m:] = float("-inf")
+    lengths = torch.zeros(out.shape, dtype=torch.long, device=runs.device)
     lengths[..., :m] = torch.arange(1, m + 1, device=runs.device)
     for k, kind in enumerate(p.block_kinds, start=m):
         if blocks is None or kind not in blocks:
@@ -182,11 +183,13 @@ def _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seed
         sizes, norms = blocks[kind]
         score, size = ops.block_extent_scores(sims, valid, region_ids, ids[kind], sizes, norms, seeds, n_tokens,
                                               p.max_tokens)
-        score = torch.where(size > p.max_extent, score, torch.full_like(score, float("-inf")))
+        row, at = (size > p.max_extent).nonzero().unbind(1)  # the blocks (few) longer than the longest run
+        n = size[row, at]
+        value = score[row, at]
         if p.length_bonus:
-            score = score + p.length_bonus * torch.log(size.clamp(min=1).to(score.dtype))
-        out[..., k] = score
-        lengths[..., k] = size
+            value = value + p.length_bonus * torch.log(n.to(value.dtype))
+        out[row, at, k] = value
+        lengths[row, at, k] = n
     return out, lengths
 
 
