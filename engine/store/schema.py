@@ -62,3 +62,12 @@ def embeddings_of(table: pa.Table, dim: int, where: str) -> np.ndarray:
         raise QascError(f"{where}: embedding column is {col.type}, expected fixed_size_list<float>[{dim}]")
     arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     return arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False).reshape(-1, dim)
+
+
+STAGED_DOCUMENTS = f"{STAGING}/{DOCUMENTS_DIR}"  # a running ingest's shard files, renamed into place at commit
+STAGED_SENTENCES = f"{STAGING}/{SENTENCES_DIR}"
+
+
+def staged_name(unit_id: int, k: int) -> str:
+    """File name of the k-th shard of a read unit while it is staged."""
+    return f"u{unit_id:06d}-s{k:06d}.parquet"
