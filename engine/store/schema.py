@@ -6,7 +6,9 @@ A store is one folder (README, "Store format"):
     sentences/part-NNNNNN.parquet  sentences_schema(dim, dtype): doc_id, sentence, paragraph, section,
                                    char_start, char_end, n_tokens, embedding fixed_size_list<float32|float16>[dim]
     index-GGGG.faiss               FAISS index over every sentence row (id = global row), generation GGGG
-    _staging/                      only while an ingest runs or after it crashed: plan.json, shards/NNNNNN.json
+    _staging/                      only while an ingest runs or after it crashed: plan.json, the workers' shard
+                                   files (documents/, sentences/ uUUUUUU-sKKKKKK.parquet), shards/UUUUUU-KKKKKK.json,
+                                   units/UUUUUU.json, commit.json (staged file -> store shard id)
 """
 
 from __future__ import annotations
