@@ -85,11 +85,6 @@ class Segment:
     file_bytes: int = 0  # files: size and mtime when planned (a worker refuses a file that changed since)
     mtime_ns: int = 0
 
-    def where(self) -> str:
-        if self.kind == "text" or self.whole:
-            return self.path
-        return f"{self.path}:{self.row}+" if self.kind == "jsonl" else f"{self.path}#row{self.start}-{self.end - 1}"
-
 
 @dataclass(frozen=True)
 class InputUnit:

@@ -26,6 +26,7 @@ class IngestProgress:
         self.log = log or log_stderr
         self.bar = None
         self.use_bar = False
+        self.logged: tuple[int, int] | None = None
 
     def start(self, total_chars: int, shards: int, done_chars: int, done_shards: int) -> None:
         self.total_chars, self.shards = max(total_chars, 1), shards
@@ -77,13 +78,14 @@ class IngestProgress:
         elapsed = max(now - self.t0, 1e-9)
         if eta is None:
             eta = elapsed * (self.total_chars - self.done_chars - self.chars_here) / max(self.chars_here, 1)
+        self.logged = (self.done_shards, shards)
         self.log(f"qasc ingest: shard {self.done_shards}/{shards}, {self.sentences} sentences, "
                  f"{self.sentences / elapsed:.1f} sentences/s, eta {max(eta, 0):.0f} s")
 
     def finish(self, shards: int) -> None:
         """Every unit is done: the shard count is now known (start() had an estimate); the last log line."""
         self.shards = shards
-        if not self.use_bar and self.sentences:
+        if not self.use_bar and self.sentences and self.logged != (self.done_shards, shards):
             self._line(shards, time.perf_counter(), eta=0.0)
 
     def close(self) -> None:
