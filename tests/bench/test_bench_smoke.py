@@ -112,6 +112,33 @@ def test_scale_helpers(tmp_path):
     assert scale.recall_at_depth(np.where(np.arange(7) < 2, r, -1), r_ref) == 2 / 7
 
 
+def test_scale_table_embedder(tmp_path, tiny_model):
+    """--embedder table: the model's word-embedding table mean-pooled == the same computed with torch; a store built
+    with it through engine.store.ingest (the ingest child) holds the corpus with unit vectors and an IVF index."""
+    import numpy as np
+    import torch
+    from transformers import AutoModel
+
+    from bench import scale
+    from engine.store.reader import Store
+
+    emb = scale.TableEmbedder(scale.Path(tiny_model))
+    texts = ["A first sentence.", "Second, longer sentence with more words in it.", "A first sentence."]
+    vecs = emb.encode(texts)
+    table = AutoModel.from_pretrained(tiny_model).embeddings.word_embeddings.weight.detach()
+    for text, v in zip(texts, vecs, strict=True):
+        ref = table[torch.tensor(emb.tokenizer(text)["input_ids"])].mean(0)
+        assert np.allclose(v, (ref / ref.norm()).numpy(), atol=1e-5)
+    assert np.array_equal(vecs[0], vecs[2]) and np.allclose(np.linalg.norm(vecs, axis=1), 1, atol=1e-5)
+    root = scale.corpus_dir(tmp_path, 500, 1)
+    scale.write_corpus(root, 500, 1)
+    scale.ingest_child({"corpus": str(root / "docs"), "store": str(tmp_path / "s"), "model": tiny_model,
+                        "index": "ivf", "dtype_store": "float16"})
+    store = Store.open(tmp_path / "s")
+    assert abs(len(store) - 500) <= 5 and store.manifest["index"]["kind"] == "ivf"
+    assert np.allclose(np.linalg.norm(store.embeddings, axis=1), 1, atol=1e-2)
+
+
 @pytest.mark.slow
 def test_scale_bench_tiny(tmp_path):
     """bench.scale at a tiny size: corpus, 1-layer model, ingest and query children, streaming, a MiniLM quality
