@@ -41,6 +41,7 @@ from bench.common import CHROMA, REPO, emit_json, machine_info, median, print_ta
 
 GiB = float(1 << 30)
 CORPUS_VERSION = 3
+GROWTH_QUERIES = 100_000  # the issue's streamed batch: RSS growth is reported for this many queries
 KEYS = ("ingest_sentences_per_s", "driver_peak_rss_gb", "query_per_s_exact", "query_per_s_ivf",
         "ivf_recall_at_depth", "peak_rss_gb", "rss_growth_100k_queries_gb")
 
@@ -376,23 +377,28 @@ def blocked_exact_search(emb, query_emb: np.ndarray, k: int, block_elems: int = 
 
 
 def engine_exact_is_blocked() -> bool:
-    """Whether a store opened without its index searches by blocks already (issue 14 item 1). Today
-    index.exact_search builds a dense (Q, N) matrix (8 GB per 2048-query slice at 1M rows), so the benchmark
-    swaps in blocked_exact_search; after the merge, return True here."""
+    """Whether a store opened without its index searches by blocks already (issue 14 item 1: index.exact_topk).
+    Before that, index.exact_search builds a dense (Q, N) matrix (8 GB per 2048-query slice at 1M rows), so the
+    benchmark swaps in blocked_exact_search."""
     from engine.store import index
 
-    return any("block" in p for p in inspect.signature(index.exact_search).parameters)
+    return hasattr(index, "exact_topk")
 
 
-def open_engine(store_dir: Path, exact: bool):
+def open_engine(store_dir: Path, exact: bool, nprobe: int | None = None):
     """An Engine on the CPU over the store, without the query model (queries come pre-embedded); exact: the store is
-    opened without its FAISS index, so that search is exact."""
+    opened without its FAISS index, so that search is exact; nprobe: overrides the IVF index's (None: the store's)."""
     import torch
 
     from engine.query import Engine
     from engine.store.reader import Store
 
-    store = Store.open(store_dir, load_index=not exact)
+    if nprobe and not exact and "nprobe" in inspect.signature(Store.open).parameters:
+        store = Store.open(store_dir, load_index=True, nprobe=nprobe)
+    else:
+        store = Store.open(store_dir, load_index=not exact)
+        if nprobe and not exact and hasattr(store.index, "nprobe"):
+            store.index.nprobe = nprobe
     engine = Engine(store, None, store.config, torch.device("cpu"))
     if exact and not engine_exact_is_blocked():
         store.search = lambda q, k: blocked_exact_search(engine.embeddings, q, k)
@@ -444,9 +450,10 @@ def query_child(spec: dict) -> dict:
         torch.set_num_threads(spec["threads"])
     exact = spec["mode"] == "exact"
     t0 = time.perf_counter()
-    engine = open_engine(Path(spec["store"]), exact)
+    engine = open_engine(Path(spec["store"]), exact, spec.get("nprobe"))
     out = {"mode": spec["mode"], "open_s": time.perf_counter() - t0, "rss_open_gb": proc_status("VmRSS") / GiB,
-           "api": query_api(), "exact_blocked_by_engine": engine_exact_is_blocked()}
+           "api": query_api(), "exact_blocked_by_engine": engine_exact_is_blocked(),
+           "nprobe": int(getattr(engine.store.index, "nprobe", 0) or 0)}
     depth = min(engine.config.retrieval.depth, engine.n_total)
     scale = spread(engine.embeddings)
     queries, sources = noisy_queries(engine.embeddings, spec["pool"], spec["noise"], spec["seed"], scale)
@@ -470,34 +477,57 @@ def query_child(spec: dict) -> dict:
     if spec["stream"]:
         stream_q, _ = noisy_queries(engine.embeddings, spec["stream"], spec["noise"], spec["seed"] + 1, scale)
         path = Path(spec["stream_path"])
+        stream_results(engine, stream_q[: spec["slice"]], path, spec["slice"])  # first-use buffers: not growth
+        path.unlink()
+        n, sl = spec["stream"], spec["slice"]
+        # below GROWTH_QUERIES a first point at n/4 queries (>= 2 slices: one slice's working memory is the same
+        # at any Q) gives the slope; with fewer than 4 slices, the growth is scaled linearly (an upper bound)
+        small = max(n // 4, 2 * sl) if 4 * sl <= n < GROWTH_QUERIES else 0
+        method = "measured" if n >= GROWTH_QUERIES else "slope" if small else "linear"
+        if small:
+            with PeakRss() as mem:
+                stream_results(engine, stream_q[:small], path, spec["slice"])
+            path.unlink()
+            base, growth_small = mem.before, mem.peak - mem.before
         t0 = time.perf_counter()
         with PeakRss() as mem:
             n_rows = stream_results(engine, stream_q, path, spec["slice"])
-        out.update(stream_queries=spec["stream"], stream_rows=n_rows, stream_s=time.perf_counter() - t0,
+        growth = mem.peak - (base if small else mem.before)  # against the first baseline: retained memory counts
+        if method == "slope":
+            at_target = growth + max(0, growth - growth_small) / (n - small) * (GROWTH_QUERIES - n)
+        else:
+            at_target = growth * GROWTH_QUERIES / n if method == "linear" else growth
+        out.update(stream_queries=n, stream_rows=n_rows, stream_s=time.perf_counter() - t0,
                    stream_file_gb=path.stat().st_size / GiB, stream_rss_before_gb=mem.before / GiB,
-                   stream_rss_peak_gb=mem.peak / GiB, rss_growth_stream_gb=(mem.peak - mem.before) / GiB,
-                   rss_growth_after_gb=(mem.after - mem.before) / GiB, stream_hwm_reset=mem.hwm_reset)
+                   stream_rss_peak_gb=mem.peak / GiB, rss_growth_stream_gb=growth / GiB,
+                   rss_growth_after_gb=(mem.after - mem.before) / GiB, stream_hwm_reset=mem.hwm_reset,
+                   stream_small_queries=small, rss_growth_small_gb=growth_small / GiB if small else None,
+                   rss_growth_100k_gb=at_target / GiB, rss_growth_100k_method=method)
         path.unlink()
     return out
 
 
 def run_query_child(mode: str, store: Path, work: Path, n_queries: int, stream: int, args) -> dict:
+    base = work / f"{store.name}.query-{mode}"
     spec = {"mode": mode, "store": str(store), "queries": n_queries, "pool": args.queries, "noise": args.noise,
-            "seed": args.seed + 7,
-            "repeats": args.repeats, "slice": args.slice, "threads": args.threads, "stream": stream,
-            "hits": str(work / f"hits-{mode}.npy"), "stream_path": str(work / "stream.parquet"),
-            "out": str(work / f"query-{mode}.json")}
-    spec_path = work / f"query-{mode}.spec.json"
+            "seed": args.seed + 7, "nprobe": args.nprobe, "repeats": args.repeats, "slice": args.slice,
+            "threads": args.threads, "stream": stream, "hits": f"{base}.hits.npy",
+            "stream_path": f"{base}.stream.parquet", "out": f"{base}.json"}
+    spec_path = Path(f"{base}.spec.json")
     spec_path.write_text(json.dumps(spec))
-    wall, maxrss = run_child([sys.executable, "-m", "bench.scale", "--child", str(spec_path)],
-                             work / f"query-{mode}.log")
+    wall, maxrss = run_child([sys.executable, "-m", "bench.scale", "--child", str(spec_path)], Path(f"{base}.log"))
     rec = json.loads(Path(spec["out"]).read_text())
-    return {**rec, "wall_s": wall, "process_peak_rss_gb": maxrss / GiB}
+    return {**rec, "wall_s": wall, "process_peak_rss_gb": maxrss / GiB, "hits": spec["hits"]}
 
 
 def recall_at_depth(approx: np.ndarray, exact: np.ndarray) -> float:
-    """approx, exact (Q, k) int64 rows (-1 = none) -> mean share of each query's exact hits found by approx."""
+    """approx, exact (Q, k) int64 rows (-1 = none) -> mean share of each query's exact hits found by approx, over
+    the first min(Q) queries (engine.store.index.recall_at_depth where it exists, the same measure)."""
+    from engine.store import index
+
     q = min(len(approx), len(exact))
+    if hasattr(index, "recall_at_depth"):
+        return index.recall_at_depth(approx[:q], exact[:q])
     found = [len(set(a[a >= 0].tolist()) & set(e[e >= 0].tolist())) / max(int((e >= 0).sum()), 1)
              for a, e in zip(approx[:q], exact[:q], strict=True)]
     return float(np.mean(found)) if found else float("nan")
@@ -575,6 +605,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="timed runs per query mode (median; default 3)")
     p.add_argument("--slice", type=int, default=2048, help="queries per engine slice (default 2048)")
     p.add_argument("--threads", type=int, default=0, help="torch threads in the query processes (0: torch default)")
+    p.add_argument("--nprobe", type=int, default=0, help="IVF lists probed per query (0: the store's setting)")
     p.add_argument("--index", default="ivf", help="index kind of the store (default ivf)")
     p.add_argument("--dtype-store", default="float16", help="embedding storage type (default float16)")
     p.add_argument("--batch-tokens", type=int, default=0, help="ingest --batch-tokens (0: the default)")
@@ -633,12 +664,13 @@ def main(argv=None) -> dict:
     ing = phase("ingest", ingest_store, corpus, store, model, args)
     ex = phase("exact", run_query_child, "exact", store, work, args.exact_queries, 0, args)
     iv = phase("ivf", run_query_child, "ivf", store, work, args.queries, args.stream_queries, args)
-    recall = recall_at_depth(np.load(work / "hits-ivf.npy"), np.load(work / "hits-exact.npy"))
+    recall = recall_at_depth(np.load(iv["hits"]), np.load(ex["hits"]))
     quality = {"skipped": "--no-quality"}
     if not args.no_quality:
         quality = phase("quality", quality_check, work, args)
     emb_bytes = ing["sentences"] * ing["dim"] * (2 if ing["dtype_store"] == "float16" else 4)
     growth = iv.get("rss_growth_stream_gb", float("nan"))
+    growth_100k = iv.get("rss_growth_100k_gb", float("nan"))
     record = {
         "bench": "scale",
         "ingest_sentences_per_s": ing["ingest_sentences_per_s"],
@@ -647,9 +679,9 @@ def main(argv=None) -> dict:
         "query_per_s_ivf": iv["query_per_s"],
         "ivf_recall_at_depth": recall,
         "peak_rss_gb": iv["peak_rss_gb"],
-        "rss_growth_100k_queries_gb": growth * 100_000 / args.stream_queries if args.stream_queries else growth,
+        "rss_growth_100k_queries_gb": growth_100k,
         "rss_growth_stream_gb": growth,
-        "rss_growth_100k_extrapolated": 0 < args.stream_queries < 100_000,  # linear from --stream-queries
+        "rss_growth_100k_method": iv.get("rss_growth_100k_method"),  # measured | slope (n/4 -> n) | linear
         "stream_queries": args.stream_queries,
         "peak_rss_exact_gb": ex["peak_rss_gb"],
         "stream_peak_rss_gb": iv.get("stream_rss_peak_gb"),
@@ -657,7 +689,8 @@ def main(argv=None) -> dict:
         "rss_bound_gb": 1.5 * emb_bytes / GiB + 1.0,
         "sentences": ing["sentences"], "documents": ing["documents"], "queries": args.queries,
         "exact_queries": args.exact_queries, "depth": iv["depth"], "noise": args.noise, "repeats": args.repeats,
-        "index": ing["index"], "index_params": ing["index_params"], "dtype_store": ing["dtype_store"],
+        "nprobe": iv["nprobe"], "index": ing["index"], "index_params": ing["index_params"],
+        "dtype_store": ing["dtype_store"],
         "ingest": ing, "corpus": cinfo, "query_exact": ex, "query_ivf": iv, "quality": quality, "phase_s": phases,
         "api": iv["api"], "command": "python -m bench.scale " + " ".join(sys.argv[1:] if argv is None else argv),
         "host": machine_info(), "load_avg_end": [round(x, 2) for x in os.getloadavg()],
@@ -679,11 +712,12 @@ def main(argv=None) -> dict:
          "peak RSS GiB": ex["peak_rss_gb"], "note": f"depth {ex['depth']}, {ex['api']}"},
         {"phase": "query ivf", "queries": iv["queries"], "rate/s": iv["query_per_s"],
          "seconds": median(iv["times_s"]),
-         "peak RSS GiB": iv["peak_rss_gb"], "note": f"recall@{iv['depth']} {recall:.4f}"},
+         "peak RSS GiB": iv["peak_rss_gb"], "note": f"recall@{iv['depth']} {recall:.4f}, nprobe {iv['nprobe']}"},
         {"phase": "stream parquet", "queries": args.stream_queries,
          "rate/s": args.stream_queries / iv["stream_s"] if args.stream_queries else float("nan"),
          "seconds": iv.get("stream_s", float("nan")), "peak RSS GiB": iv.get("stream_rss_peak_gb", float("nan")),
-         "note": f"growth {growth:.3f} GiB, {iv.get('stream_rows', 0):,} rows"},
+         "note": f"growth {growth:.3f} GiB, {iv.get('stream_rows', 0):,} rows; per 100k queries "
+                 f"{growth_100k:.3f} GiB ({record['rss_growth_100k_method']})"},
     ], title=f"bench.scale: {ing['sentences']:,} sentences, stored embeddings {emb_bytes / GiB:.3f} GiB "
              f"(RSS bound {record['rss_bound_gb']:.2f} GiB); phases {phases}")
     if "skipped" in quality:
