@@ -517,7 +517,9 @@ def run_query_child(mode: str, store: Path, work: Path, n_queries: int, stream: 
     spec_path.write_text(json.dumps(spec))
     wall, maxrss = run_child([sys.executable, "-m", "bench.scale", "--child", str(spec_path)], Path(f"{base}.log"))
     rec = json.loads(Path(spec["out"]).read_text())
-    return {**rec, "wall_s": wall, "process_peak_rss_gb": maxrss / GiB, "hits": spec["hits"]}
+    # wait4's ru_maxrss is the high-water mark that PeakRss resets (clear_refs) before streaming: the max of all three
+    peak = max(maxrss / GiB, rec["peak_rss_gb"], rec.get("stream_rss_peak_gb") or 0.0)
+    return {**rec, "wall_s": wall, "process_peak_rss_gb": peak, "hits": spec["hits"]}
 
 
 def recall_at_depth(approx: np.ndarray, exact: np.ndarray) -> float:
