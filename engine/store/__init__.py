@@ -5,7 +5,7 @@
     inputs    discover / decode / validate inputs, plan shards, read a shard back
     stages    split -> embed -> write of one shard; the in-process shard runner
     manifest  the committed manifest and the _staging area of a running ingest
-    index     FAISS index: kinds, build, load, search; exact numpy search
+    index     FAISS index: kinds, build, load, search; blocked exact torch top-k, recall@depth
     progress  the progress bar / log lines of an ingest
     ingest    `ingest()`, `ingest_table()` (in-memory inputs) and `IngestConfig`: the orchestration
     reader    `Store`: a committed store in memory
@@ -13,7 +13,7 @@
 """
 
 from engine.store.files import ResumableError, file_digest
-from engine.store.index import exact_search
+from engine.store.index import exact_search, exact_topk, recall_at_depth
 from engine.store.ingest import DEFAULT_SHARD_CHARS, IngestConfig, ingest, ingest_table, summary_line
 from engine.store.inputs import DocRef, Document, ReadOptions, ShardTask
 from engine.store.manifest import existing_manifest, read_manifest
@@ -39,11 +39,13 @@ __all__ = [
     "ShardTask",
     "Store",
     "exact_search",
+    "exact_topk",
     "existing_manifest",
     "file_digest",
     "ingest",
     "ingest_table",
     "read_manifest",
+    "recall_at_depth",
     "sentences_schema",
     "summary_line",
     "verify_store",
