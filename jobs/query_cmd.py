@@ -25,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_device_argument(p)
     p.add_argument("--batch-size", type=int, default=DEFAULT_SLICE_SIZE,
                    help=f"queries per kernel slice (bounds memory; default {DEFAULT_SLICE_SIZE})")
+    p.add_argument("--nprobe", type=int, default=None,
+                   help="ivf stores: inverted lists probed per query (default: the store's, 16 for new stores; "
+                        "more = higher recall, slower); local path only")
     p.add_argument("--ray", action="store_true", help="run as a Ray job: shards of queries on actors")
     p.add_argument("--ray-address", default=None, help="Ray cluster address ('auto' = the running cluster); "
                    "implies --ray; default: RAY_ADDRESS, else the cluster of a `ray job submit` job, else a "
@@ -91,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise QascError(f"--batch-size must be >= 1, got {args.batch_size}")
     started = time.perf_counter()
+    if (args.ray or args.ray_address) and args.nprobe is not None:
+        raise QascError("--nprobe applies to the local path only (Ray actors open the store with its own nprobe)")
     if args.ray or args.ray_address:
         from engine.config import EngineConfig
         from engine.store import read_manifest
@@ -102,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
                              ray_address=args.ray_address, device=args.device)
         results = None
     else:
-        engine = Engine.open(args.store, device=args.device)
+        engine = Engine.open(args.store, device=args.device, nprobe=args.nprobe)
         params, retrieval = params_from_args(args, engine.config.qasc, engine.config.retrieval)
         emb = engine.embed_queries(questions)
         results = engine.query_embedded(emb, params, retrieval, slice_size=args.batch_size)
