@@ -135,6 +135,7 @@ class Store:
             metadata.extend(m)
             sources.extend(s)
             row += rows
+        pa.default_memory_pool().release_unused()  # the shards' Arrow buffers, else kept by the allocator
         if len(docs) != manifest["counts"]["documents"]:
             raise QascError(f"{root}: {len(docs)} documents / {row} sentences, the manifest says "
                             f"{manifest['counts']['documents']} / {n}")
