@@ -121,8 +121,8 @@ class Store:
             raise QascError(f"{root}: the manifest's embedding dtype {dtype!r} is not one of {', '.join(STORE_DTYPES)}")
         n = int(manifest["counts"]["sentences"])
         if sum(int(s["n_sentences"]) for s in manifest["shards"]) != n:
-            raise QascError(f"{root}: the manifest's shards list {sum(s['n_sentences'] for s in manifest['shards'])} "
-                            f"sentences, its counts {n}")
+            raise QascError(f"{root}: its shards hold {sum(s['n_sentences'] for s in manifest['shards'])} sentences, "
+                            f"the manifest says {n}")
         emb = np.empty((n, dim), np.dtype(dtype))  # the one copy: each shard's rows are written in place
         docs: list[Sentences] = []
         metadata: list[dict] = []
