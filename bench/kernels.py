@@ -38,6 +38,10 @@ SETTINGS = {
     "blocks-far": BASE.replace(percentile=75.0, extent="pooled", clip_to_paragraph=True, top_k=10,
                                score_margin=0.1, focus_gap=6, far_margin=0.02, block_extents="both",
                                length_bonus=0.02),
+    # the shipped default (issue 13) spelled out: whole sections only; blocks-far adds whole paragraphs
+    "sections-far": BASE.replace(percentile=75.0, extent="pooled", clip_to_paragraph=True, top_k=10,
+                                 score_margin=0.1, focus_gap=6, far_margin=0.02, block_extents="section",
+                                 length_bonus=0.02),
     "p95-r0-top1": BASE,
     "r3-adaptive": BASE.replace(percentile=90.0, radius=3, adaptive=True, margin=0.1, top_k=3),
     "r2-snap-para": BASE.replace(percentile=80.0, radius=2, snap="paragraph", max_tokens=200, top_k=None),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.assemble import assemble_chunks
+from engine.assemble import RowTable, assemble_chunks
 from engine.config import EngineConfig
 from engine.embedder import Embedder
 from engine.splitter import split_sentences
@@ -48,7 +48,7 @@ def chunk_sentences(
     blocks = {kind: tuple(t.expand(q, n) for t in block_stats(vectors, torch.as_tensor(ids[kind], device=device)))
               for kind in p.block_kinds}
     batch = run_qasc(sims, valid, zeros, para, sect, ntok, config.qasc, dots=dots, blocks=blocks)
-    return assemble_chunks(batch, [sents], zeros, positions)
+    return assemble_chunks(batch, positions, RowTable.from_docs([sents]))
 
 
 def chunk(

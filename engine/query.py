@@ -8,13 +8,15 @@ into one region. A query's row is its regions in store order; QASC never crosses
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from engine.assemble import assemble_chunks
+from engine.assemble import ChunkColumns, RowTable, assemble_columns
 from engine.config import EngineConfig, RetrievalConfig
 from engine.embedder import Embedder
 from engine.errors import QascError
@@ -23,6 +25,9 @@ from kernels.candidates import CandidateRows, candidate_rows
 from kernels.extents import block_stats, neighbour_dots
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 MAX_QUERY_CHARS = 10_000
 SIMS_BLOCK_ELEMENTS = 1 << 24  # gathered candidate vectors per block (64 MiB of float32)
@@ -160,11 +165,7 @@ class Engine:
 
     def embed_queries(self, questions: Sequence[str]) -> torch.Tensor:
         """questions (Q) -> (Q, dim) float32 on the engine's device; empty or overlong questions are refused."""
-        for i, text in enumerate(questions):
-            if not isinstance(text, str) or not text.strip():
-                raise QascError(f"query {i} is empty")
-            if len(text) > MAX_QUERY_CHARS:
-                raise QascError(f"query {i} has {len(text)} characters; the limit is {MAX_QUERY_CHARS}")
+        self.check_questions(questions)
         return torch.as_tensor(self.embedder.encode(list(questions)), device=self.device)
 
     def search(self, query_emb: torch.Tensor, depth: int) -> torch.Tensor:
@@ -194,6 +195,37 @@ class Engine:
         )
         return batch, cand
 
+    @cached_property
+    def row_table(self) -> RowTable:
+        """Per global row its document, sentence index and character span (numpy, host): built on first use."""
+        return RowTable.from_docs(self.store.docs)
+
+    def query_columns(
+        self,
+        query_emb: torch.Tensor,
+        params: QascParams | None = None,
+        retrieval: RetrievalConfig | None = None,
+        slice_size: int = DEFAULT_SLICE_SIZE,
+    ) -> Iterator[tuple[int, ChunkColumns]]:
+        """query_emb (Q, dim) -> per slice of `slice_size` queries, (its first query's index, its chunks as
+        columns). Memory stays at one slice's kernels and results whatever Q is.
+
+        query_emb may be on any device and of any float dtype (a numpy array too): it is moved to the engine's
+        device and dtype first."""
+        params = params or self.config.qasc
+        retrieval = retrieval or self.config.retrieval
+        if slice_size < 1:
+            raise QascError(f"slice_size must be >= 1, got {slice_size}")
+        query_emb = torch.as_tensor(query_emb).to(device=self.device, dtype=self.embeddings.dtype)
+        table = self.row_table
+        for lo in range(0, query_emb.shape[0], slice_size):
+            part = query_emb[lo : lo + slice_size]
+            if self.n_total == 0:
+                yield lo, ChunkColumns.empty(part.shape[0])
+                continue
+            batch, cand = self.run_batch(part, params, retrieval)
+            yield lo, assemble_columns(batch, torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows)), table)
+
     def query_embedded(
         self,
         query_emb: torch.Tensor,
@@ -201,21 +233,65 @@ class Engine:
         retrieval: RetrievalConfig | None = None,
         slice_size: int = DEFAULT_SLICE_SIZE,
     ) -> list[list[Chunk]]:
-        """query_emb (Q, dim) -> per query, its chunks in rank order; streams in slices of `slice_size`.
+        """query_emb (Q, dim) -> per query, its chunks in rank order; runs in slices of `slice_size`.
 
         query_emb may be on any device and of any float dtype (a numpy array too): it is moved to the engine's
         device and dtype first."""
-        params = params or self.config.qasc
-        retrieval = retrieval or self.config.retrieval
-        query_emb = torch.as_tensor(query_emb).to(device=self.device, dtype=self.embeddings.dtype)
         out: list[list[Chunk]] = []
-        if self.n_total == 0:
-            return [[] for _ in range(query_emb.shape[0])]
-        for lo in range(0, query_emb.shape[0], slice_size):
-            batch, cand = self.run_batch(query_emb[lo : lo + slice_size], params, retrieval)
-            rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
-            out.extend(assemble_chunks(batch, self.store.docs, self.doc_of_row[rows], self.sent_of_row[rows]))
+        for _, cols in self.query_columns(query_emb, params, retrieval, slice_size):
+            out.extend(cols.to_chunks(self.row_table.doc_ids))
         return out
+
+    def query_batches(
+        self,
+        query_emb: torch.Tensor,
+        ids: Sequence[str] | None = None,
+        params: QascParams | None = None,
+        retrieval: RetrievalConfig | None = None,
+        slice_size: int = DEFAULT_SLICE_SIZE,
+    ) -> Iterator[pa.RecordBatch]:
+        """query_emb (Q, dim), ids (Q) query ids (default "0", "1", ...) -> one pyarrow RecordBatch per slice
+        (engine.columns.results_schema(): one row per chunk, query order then rank), yielded as each slice
+        finishes, so a writer can stream them (jobs.results.ResultWriter)."""
+        import pyarrow as pa
+
+        n = int(query_emb.shape[0])
+        ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in ids]
+        if len(ids) != n:
+            raise QascError(f"{len(ids)} query ids for {n} query vectors")
+        for lo, cols in self.query_columns(query_emb, params, retrieval, slice_size):
+            qids = pa.array(ids[lo : lo + cols.n_queries], pa.string())
+            yield cols.to_record_batch(qids, self.row_table.doc_id_array)
+
+    def query_stream(
+        self,
+        questions: Sequence[str],
+        ids: Sequence[str] | None = None,
+        params: QascParams | None = None,
+        retrieval: RetrievalConfig | None = None,
+        slice_size: int = DEFAULT_SLICE_SIZE,
+    ) -> Iterator[pa.RecordBatch]:
+        """questions (Q), ids (Q) -> one pyarrow RecordBatch per slice of `slice_size` questions, each embedded
+        only when its slice runs: neither the query vectors nor the results of all Q are ever held at once.
+        Every question is checked (empty, too long) before the first slice runs."""
+        n = len(questions)
+        ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in ids]
+        if len(ids) != n:
+            raise QascError(f"{len(ids)} query ids for {n} questions")
+        if slice_size < 1:
+            raise QascError(f"slice_size must be >= 1, got {slice_size}")
+        self.check_questions(questions)
+        for lo in range(0, n, slice_size):
+            emb = self.embed_queries(questions[lo : lo + slice_size])
+            yield from self.query_batches(emb, ids[lo : lo + slice_size], params, retrieval, slice_size)
+
+    def check_questions(self, questions: Sequence[str]) -> None:
+        """Empty or overlong questions -> QascError naming the first."""
+        for i, text in enumerate(questions):
+            if not isinstance(text, str) or not text.strip():
+                raise QascError(f"query {i} is empty")
+            if len(text) > MAX_QUERY_CHARS:
+                raise QascError(f"query {i} has {len(text)} characters; the limit is {MAX_QUERY_CHARS}")
 
     def query(
         self,

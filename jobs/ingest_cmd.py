@@ -7,7 +7,7 @@ from dataclasses import asdict
 
 from engine.errors import QascError
 from engine.store.index import AUTO_FLAT_MAX, KINDS
-from engine.store.ingest import DEFAULT_SHARD_CHARS
+from engine.store.ingest import DEFAULT_SHARD_CHARS, DEFAULT_UNIT_BYTES
 from engine.store.inputs import ENCODING_ERRORS
 from engine.store.schema import STORE_DTYPES
 from jobs.devices import add_device_argument
@@ -45,7 +45,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"FAISS index: {' | '.join(KINDS)}; auto = flat (exact) up to {AUTO_FLAT_MAX} sentences, "
                         f"ivf above (default auto)")
     o.add_argument("--shard-chars", type=int, default=DEFAULT_SHARD_CHARS, metavar="N",
-                   help=f"input characters per shard, the unit of work and of resume (default {DEFAULT_SHARD_CHARS})")
+                   help=f"document characters per shard, the unit of writing and of resume (default "
+                        f"{DEFAULT_SHARD_CHARS})")
+    o.add_argument("--unit-bytes", type=int, default=DEFAULT_UNIT_BYTES, metavar="N",
+                   help=f"input bytes per read unit, planned from file sizes and read by one worker; shards are cut "
+                        f"inside a unit (default {DEFAULT_UNIT_BYTES})")
     i = p.add_argument_group("input")
     i.add_argument("--encoding", default="utf-8", help="text encoding of the input files (default utf-8)")
     i.add_argument("--errors", default="strict", metavar="MODE",
@@ -89,7 +93,7 @@ def build_settings(args: argparse.Namespace):
     from engine.store import IngestConfig, ReadOptions
 
     return IngestConfig(index=args.index, dtype_store=args.dtype_store, max_sentence_tokens=args.max_sentence_tokens,
-                        shard_chars=args.shard_chars,
+                        shard_chars=args.shard_chars, unit_bytes=args.unit_bytes,
                         read=ReadOptions(args.encoding, args.errors, args.id_field, args.text_field))
 
 

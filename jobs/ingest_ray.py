@@ -1,12 +1,15 @@
-"""Ray Data pipeline of `qasc ingest`: read -> split (CPU tasks) -> embed (actor pool) -> write (driver).
+"""Ray Data pipeline of `qasc ingest`: read + cut + split (CPU tasks, one per read unit) -> embed + write
+(actor pool, one row per shard) -> the driver records each shard's small record.
 
 `RayRunner` is the shard runner that `qasc ingest` hands to `engine.store.ingest` (the engine never imports
-Ray). One row per shard flows through the pipeline (the shard is the unit of work and of resume). The stages
-call the same engine functions as the local path (engine/store/stages.py): read_shard, split_shard, embed_shard;
-the driver writes each finished shard atomically as it arrives, so the store lives on the driver's disk
-and a multi-node cluster only needs the inputs on a path every node can read. Embedding actors take
-num_gpus=1 each when the cluster has GPUs, else one CPU each (torch using the CPUs left per actor); a
-killed actor is restarted and its shard retried (max_restarts / max_task_retries).
+Ray). One row per read unit enters the pipeline; the CPU task reads and validates the unit and cuts it into
+shards (one row each); the embedding actors embed a shard and write its two Parquet files into the store's
+_staging/ themselves, and the driver receives only the record (names, digests, counts, doc_ids): it never
+holds text or embeddings. The stages call the same engine functions as the local path
+(engine/store/stages.py), so on a multi-node cluster both the inputs and the store folder must be on a path
+every node can read and write. Embedding actors take num_gpus=1 each when the cluster has GPUs, else one CPU
+each (torch using the CPUs left per actor); a killed actor is restarted and its shard retried
+(max_restarts / max_task_retries).
 """
 
 from __future__ import annotations
@@ -17,12 +20,12 @@ import os
 import pickle
 import signal
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from engine.errors import QascError
-from engine.store import IngestContext, ResumableError, ShardTask
+from engine.store import IngestContext, InputUnit, ResumableError
 from jobs.ray_session import connect
 
 MAX_RESTARTS = 3  # an embedding actor killed mid-job is restarted this many times
@@ -30,20 +33,29 @@ MAX_TASK_RETRIES = 3  # and its shard retried on the new actor
 FAULT_MARKER_ENV = "QASC_RAY_FAULT_MARKER"  # test only: the first embedding call SIGKILLs its actor once
 
 
-def read_split(row: dict, ctx: IngestContext) -> dict:
-    """Ray task (CPU): {shard, task} -> {shard, payload=(docs, sentences)}."""
-    from engine.store.inputs import read_shard
-    from engine.store.stages import split_shard
+def read_split(row: dict, ctx: IngestContext, done: Mapping[int, Collection[int]]) -> Iterator[dict]:
+    """Ray task (CPU): {unit} -> one row {unit, index, payload=(docs, sentences)} per shard still to embed,
+    then {unit, index=-1, payload=the unit's summary}."""
+    from engine.store.stages import split_shard, unit_shards
     from engine.tokencap import load_tokenizer
 
-    task: ShardTask = pickle.loads(row["task"])
-    docs = read_shard(task.docs, ctx.read, ctx.memory)
-    sents = split_shard(docs, ctx, load_tokenizer(ctx.config.embedder.model))
-    return {"shard": row["shard"], "payload": pickle.dumps((docs, sents), protocol=5)}
+    unit: InputUnit = pickle.loads(row["unit"])
+    tokenizer = load_tokenizer(ctx.config.embedder.model)
+    skip = done.get(unit.unit_id, ())
+    counts: dict[str, int] = {}
+    n = 0
+    for k, docs in unit_shards(unit, ctx, counts):
+        n = k + 1
+        if k not in skip:
+            sents = split_shard(docs, ctx, tokenizer)
+            yield {"unit": unit.unit_id, "index": k, "payload": pickle.dumps((docs, sents), protocol=5)}
+    summary = {"unit": unit.unit_id, "shards": n, "jsonl_counts": counts}
+    yield {"unit": unit.unit_id, "index": -1, "payload": pickle.dumps(summary, protocol=5)}
 
 
 class EmbedActor:
-    """Ray actor: loads the embedder once, then embeds one shard per call (the same call as the local path)."""
+    """Ray actor: loads the embedder once, then embeds and writes one shard per call (the same calls as the
+    local path) and returns its record; unit summaries pass through."""
 
     def __init__(self, ctx: IngestContext, threads: int, fault_marker: str | None = None) -> None:
         import torch
@@ -53,21 +65,25 @@ class EmbedActor:
         if not torch.cuda.is_available():
             torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
         self.embedder = embedder_from(ctx.config)
+        self.ctx = ctx
         self.fault_marker = fault_marker
 
     def __call__(self, batch: dict) -> dict:
-        from engine.store.stages import embed_shard
+        from engine.store.stages import embed_shard, shard_label, write_shard
 
         out = []
-        for shard, payload in zip(batch["shard"].tolist(), batch["payload"], strict=True):
+        for unit, k, payload in zip(batch["unit"].tolist(), batch["index"].tolist(), batch["payload"], strict=True):
+            if k < 0:
+                out.append(payload)
+                continue
             if self.fault_marker and not os.path.exists(self.fault_marker):  # test hook: die once, mid-job
                 with open(self.fault_marker, "w") as fh:
                     fh.write(str(os.getpid()))
                 os.kill(os.getpid(), signal.SIGKILL)
             docs, sents = pickle.loads(payload)
-            emb = embed_shard(sents, self.embedder, int(shard))
-            out.append(pickle.dumps((docs, sents, emb), protocol=5))
-        return {"shard": batch["shard"], "payload": np.array(out, dtype=object)}
+            emb = embed_shard(sents, self.embedder, shard_label(self.ctx, int(unit), int(k)))
+            out.append(pickle.dumps(write_shard(self.ctx, int(unit), int(k), docs, sents, emb), protocol=5))
+        return {"unit": batch["unit"], "index": batch["index"], "payload": np.array(out, dtype=object)}
 
 
 def _qasc_cause(exc: BaseException) -> QascError | None:
@@ -87,15 +103,18 @@ def _qasc_cause(exc: BaseException) -> QascError | None:
 
 
 def run_ray(
-    tasks: Sequence[ShardTask],
+    units: Sequence[InputUnit],
     ctx: IngestContext,
+    done: Mapping[int, Collection[int]],
     *,
     workers: int,
     ray_address: str | None,
-    on_shard: Callable,
+    on_shard: Callable[[dict], None],
+    on_unit: Callable[[dict], None],
     on_split: Callable[[int, int], None] | None = None,
 ) -> None:
-    """Runs read -> split -> embed over `tasks` on Ray; calls on_shard(task, docs, sents, emb) on the driver.
+    """Runs read -> split -> embed -> write over `units` on Ray; calls on_shard(record) per written shard and
+    on_unit(summary) per finished unit on the driver (small dicts only).
 
     Connects first when the caller has not (see `connect`); disconnects only what it connected.
     """
@@ -117,10 +136,10 @@ def run_ray(
         if not gpus and workers >= max(cpus, 1) and cpus > 1:
             raise QascError(f"--workers {workers} leaves no CPU for splitting on a cluster of {cpus} CPUs; "
                             f"use at most {cpus - 1}")
-        by_id = {t.shard_id: t for t in tasks}
-        rows = [{"shard": t.shard_id, "task": pickle.dumps(t, protocol=5)} for t in tasks]
-        ds = ray.data.from_items(rows, override_num_blocks=len(rows))
-        ds = ds.map(read_split, fn_kwargs={"ctx": ctx}, num_cpus=1)
+        rows = [{"unit": u.unit_id, "payload": pickle.dumps(u, protocol=5)} for u in units]
+        ds = ray.data.from_items([{"unit": r["payload"]} for r in rows], override_num_blocks=len(rows))
+        ds = ds.flat_map(read_split, fn_kwargs={"ctx": ctx, "done": {k: sorted(v) for k, v in done.items()}},
+                         num_cpus=1)
         embed_args = dict(
             fn_constructor_kwargs={"ctx": ctx, "threads": max(1, cpus // workers), "fault_marker": fault_marker},
             batch_size=1,
@@ -136,17 +155,20 @@ def run_ray(
         except TypeError:  # a Ray without ray_remote_args: keep its (unbounded) restarts and retries
             ds = ds.map_batches(EmbedActor, **embed_args)
         for row in ds.iter_rows():
-            task = by_id[int(row["shard"])]
-            docs, sents, emb = pickle.loads(row["payload"])
+            item = pickle.loads(row["payload"])
+            if int(row["index"]) < 0:
+                on_unit(item)
+                continue
             if on_split is not None:
-                on_split(task.chars, len(emb))
-            on_shard(task, docs, sents, emb)
+                on_split(item["chars"], item["n_sentences"])
+            on_shard(item)
     except QascError:
         raise
     except Exception as exc:
         cause = _qasc_cause(exc)
         if cause is not None:
-            raise QascError(str(cause.args[0]) if cause.args else str(cause)) from None
+            kind = ResumableError if isinstance(cause, ResumableError) else QascError
+            raise kind(str(cause.args[0]) if cause.args else str(cause)) from None
         text = str(exc).strip().splitlines()
         raise ResumableError(f"the Ray pipeline failed ({type(exc).__name__}: {text[0] if text else ''}); "
                              f"finished shards are kept, run the same ingest again to resume") from None
@@ -183,6 +205,7 @@ class RayRunner:
 
                 ray.shutdown()
 
-    def run(self, tasks: Sequence[ShardTask], ctx: IngestContext, on_shard: Callable, progress) -> None:
-        run_ray(tasks, ctx, workers=self.workers, ray_address=self.ray_address, on_shard=on_shard,
-                on_split=progress.split)
+    def run(self, units: Sequence[InputUnit], ctx: IngestContext, done: Mapping[int, Collection[int]],
+            on_shard: Callable[[dict], None], on_unit: Callable[[dict], None], progress) -> None:
+        run_ray(units, ctx, done, workers=self.workers, ray_address=self.ray_address, on_shard=on_shard,
+                on_unit=on_unit, on_split=progress.split)

@@ -12,7 +12,7 @@ from engine.query import DEFAULT_SLICE_SIZE
 from jobs.devices import add_device_argument
 from jobs.params_cli import add_qasc_arguments, params_from_args
 from jobs.query_ray import DEFAULT_WORKERS
-from jobs.results import print_table, result_rows, rows_to_chunks, write_results
+from jobs.results import ResultWriter, print_table, rows_to_chunks
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -24,7 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="results file, .jsonl or .parquet (by extension); without it, a table is printed")
     add_device_argument(p)
     p.add_argument("--batch-size", type=int, default=DEFAULT_SLICE_SIZE,
-                   help=f"queries per kernel slice (bounds memory; default {DEFAULT_SLICE_SIZE})")
+                   help=f"queries per slice: embedded, answered and written to --out together (bounds memory; "
+                   f"default {DEFAULT_SLICE_SIZE})")
     p.add_argument("--nprobe", type=int, default=None,
                    help="ivf stores: inverted lists probed per query (default: the store's, 16 for new stores; "
                         "more = higher recall, slower); local path only")
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         ids, questions = read_queries(args.queries)
     if args.batch_size < 1:
         raise QascError(f"--batch-size must be >= 1, got {args.batch_size}")
+    writer = ResultWriter(args.out) if args.out else None  # checks --out before any work
     started = time.perf_counter()
     if (args.ray or args.ray_address) and args.nprobe is not None:
         raise QascError("--nprobe applies to the local path only (Ray actors open the store with its own nprobe)")
@@ -103,22 +105,19 @@ def run(args: argparse.Namespace) -> int:
 
         stored = EngineConfig.from_dict(read_manifest(args.store).get("config", {}))  # the actors open the store
         params, retrieval = params_from_args(args, stored.qasc, stored.retrieval)
-        rows = run_query_job(args.store, ids, questions, params, retrieval, workers=args.workers,
-                             ray_address=args.ray_address, device=args.device)
-        results = None
+        batches = run_query_job(args.store, ids, questions, params, retrieval, workers=args.workers,
+                                ray_address=args.ray_address, device=args.device, slice_size=args.batch_size)
     else:
         engine = Engine.open(args.store, device=args.device, nprobe=args.nprobe)
         params, retrieval = params_from_args(args, engine.config.qasc, engine.config.retrieval)
-        emb = engine.embed_queries(questions)
-        results = engine.query_embedded(emb, params, retrieval, slice_size=args.batch_size)
-        rows = result_rows(ids, results)
-    seconds = time.perf_counter() - started
-    if args.out:
-        write_results(rows, args.out)
-        print(f"queries {len(questions)}, chunks {len(rows)}, {seconds:.2f} s, "
+        batches = engine.query_stream(questions, ids, params, retrieval, slice_size=args.batch_size)
+    if writer is not None:  # results go to the file slice by slice: memory does not grow with the queries
+        with writer:
+            writer.write_all(batches)
+        seconds = time.perf_counter() - started
+        print(f"queries {len(questions)}, chunks {writer.rows}, {seconds:.2f} s, "
               f"{len(questions) / max(seconds, 1e-9):.1f} queries/s -> {args.out}", file=sys.stderr)
     else:
-        if results is None:
-            results = rows_to_chunks(ids, rows)
-        print_table(ids, questions, results)
+        rows = [row for batch in batches for row in batch.to_pylist()]
+        print_table(ids, questions, rows_to_chunks(ids, rows))
     return 0

@@ -2,40 +2,54 @@
 
 Connects like the ingest job (jobs/ray_session.py: --ray-address, RAY_ADDRESS, the cluster of a submitted job,
 else a local instance); actors take one GPU each when the cluster has GPUs and --device is not cpu.
-Output rows are sorted back into input order (query position, then rank), so they equal the local path's.
+Each actor call answers one shard of queries and returns it as an Arrow table (the rows of jobs/results.py plus
+the queries' input positions). Ray Data keeps the shards' order (`preserve_order`), and the driver iterates
+the results shard by shard as they finish, yielding them in input order (query position, then rank, as the
+local path) without ever holding all rows.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from engine.config import RetrievalConfig
 from engine.errors import QascError
+from engine.query import DEFAULT_SLICE_SIZE
 from jobs.ray_session import actor_placement, connect
-from jobs.results import result_rows, row_from_record, rows_to_columns
 from kernels.params import QascParams
 
 DEFAULT_WORKERS = 2  # query actors
 DEFAULT_SHARD_SIZE = 512  # queries per actor call
+POSITION = "position"  # the input position of a row's query, carried next to the result columns
 
 
 class QueryActor:
-    """Callable class for `map_batches`: opens the store (and model) once, answers batches of queries."""
+    """Callable class for `map_batches`: opens the store (and model) once, answers shards of queries with a
+    pyarrow Table: the result columns (engine/columns.py) and `position`, each row's query's input position."""
 
-    def __init__(self, store: str, params: dict, retrieval: dict, device: str) -> None:
+    def __init__(self, store: str, params: dict, retrieval: dict, device: str,
+                 slice_size: int = DEFAULT_SLICE_SIZE) -> None:
         from engine.query import Engine
 
         self.engine = Engine.open(store, device=device)
         self.params = QascParams(**params)
         self.retrieval = RetrievalConfig(**retrieval)
+        self.slice_size = slice_size
 
-    def __call__(self, batch: dict) -> dict:
+    def __call__(self, batch: dict):
+        import numpy as np
+        import pyarrow as pa
+
+        from engine.columns import results_schema
+
         questions = [str(q) for q in batch["question"]]
         ids = [str(i) for i in batch["query_id"]]
-        results = self.engine.query(questions, self.params, self.retrieval)
-        rows = result_rows(ids, results)
-        order = {qid: int(pos) for qid, pos in zip(ids, batch["position"], strict=True)}
-        columns = rows_to_columns(rows)
-        columns["position"] = [order[r["query_id"]] for r in rows]
-        return columns
+        table = pa.Table.from_batches(list(self.engine.query_stream(
+            questions, ids, self.params, self.retrieval, self.slice_size)), schema=results_schema())
+        positions = np.asarray(batch[POSITION], dtype=np.int64)
+        index = {qid: i for i, qid in enumerate(ids)}
+        local = np.asarray([index[q] for q in table.column("query_id").to_pylist()], dtype=np.int64)
+        return table.append_column(POSITION, pa.array(positions[local] if len(local) else local, pa.int64()))
 
 
 def run_query_job(
@@ -48,33 +62,51 @@ def run_query_job(
     ray_address: str | None = None,
     device: str = "auto",
     shard_size: int = DEFAULT_SHARD_SIZE,
-) -> list[dict]:
-    """Answer `questions` on a Ray actor pool -> result rows in the local path's order."""
+    slice_size: int = DEFAULT_SLICE_SIZE,
+) -> Iterator:
+    """Answer `questions` on a Ray actor pool -> pyarrow RecordBatches of result rows (engine.columns
+    .results_schema()), in the local path's order, yielded as the shards finish (a generator: Ray starts on
+    the first next() and is shut down, when this call started it, once the generator ends or is closed)."""
     import ray
-    from ray.data import ActorPoolStrategy
+    from ray.data import ActorPoolStrategy, DataContext
 
+    from engine.columns import results_schema
+
+    if len(ids) != len(questions):
+        raise QascError(f"{len(ids)} query ids for {len(questions)} questions")
     started_here = connect(ray_address, num_cpus=max(2, workers))
+    ctx = DataContext.get_current()
+    keep_order = ctx.execution_options.preserve_order
     try:
         resources = ray.cluster_resources()  # the cluster's GPUs decide, not the driver's torch
         num_gpus, actor_device = actor_placement(resources, device)
         gpus = int(resources.get("GPU", 0))
         if num_gpus and workers > gpus:
             raise QascError(f"--workers {workers} but the Ray cluster has {gpus} GPU(s)")
+        ctx.execution_options.preserve_order = True  # shards come back in input order
         pairs = enumerate(zip(ids, questions, strict=True))
-        items = [{"position": i, "query_id": qid, "question": q} for i, (qid, q) in pairs]
-        ds = ray.data.from_items(items)
+        ds = ray.data.from_items([{POSITION: i, "query_id": qid, "question": q} for i, (qid, q) in pairs])
         ds = ds.map_batches(
             QueryActor,
             fn_constructor_kwargs={"store": str(store), "params": params.to_dict(),
-                                   "retrieval": retrieval.__dict__, "device": actor_device},
+                                   "retrieval": retrieval.__dict__, "device": actor_device,
+                                   "slice_size": slice_size},
             batch_size=shard_size,
             compute=ActorPoolStrategy(size=workers),
             num_gpus=num_gpus,
             num_cpus=1,
             batch_format="numpy",
         )
-        rows = ds.take_all()
+        last, schema = -1, results_schema()
+        for table in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+            if table.num_rows == 0:
+                continue
+            pos = table.column(POSITION).to_numpy()
+            if pos[0] < last or (len(pos) > 1 and bool((pos[1:] < pos[:-1]).any())):
+                raise QascError("Ray returned query shards out of order")  # preserve_order broken: never seen
+            last = int(pos[-1])
+            yield from table.drop_columns([POSITION]).cast(schema).to_batches()
     finally:
+        ctx.execution_options.preserve_order = keep_order
         if started_here:
             ray.shutdown()
-    return [row_from_record(r) for r in sorted(rows, key=lambda r: (int(r["position"]), int(r["rank"])))]

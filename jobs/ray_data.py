@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
+from engine.columns import results_schema
 from engine.config import RetrievalConfig
 from engine.errors import QascError
 from jobs.env import set_env_defaults
-from jobs.results import result_rows, rows_to_table
 from kernels.params import QascParams
 
 RETRIEVAL_KEYS = tuple(RetrievalConfig.__dataclass_fields__)
@@ -75,5 +75,9 @@ class QascQuery:
             if not isinstance(q, str) or not q.strip():
                 raise QascError(f"QascQuery: empty question in row {i} of a batch ({q!r})")
         ids = [str(x) for x in _column(batch, "id")] if "id" in names else list(questions)
-        results = self.engine.query(questions, self.params, self.retrieval) if questions else []
-        return rows_to_table(result_rows(ids, results))
+        import pyarrow as pa
+
+        # one slice for the whole batch: one engine call, its memory set by map_batches' batch_size
+        batches = self.engine.query_stream(questions, ids, self.params, self.retrieval,
+                                           slice_size=max(len(questions), 1))
+        return pa.Table.from_batches(list(batches), schema=results_schema())

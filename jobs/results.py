@@ -1,5 +1,5 @@
-"""Query results, one row per returned chunk: the columns, their Arrow schema, rows <-> Chunk, rows/chunks
--> Arrow table, columns for Ray batches, the atomic .jsonl / .parquet writer and the table printed for people.
+"""Query results, one row per returned chunk: the columns and Arrow schema (engine/columns.py), rows <-> Chunk,
+rows/chunks -> Arrow table, the streaming atomic .jsonl / .parquet writer and the table printed for people.
 
 The local and the Ray paths of `qasc query` and the Ray Data stage (jobs/ray_data.py) all go through here,
 so their rows are the same.
@@ -10,26 +10,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from engine.columns import RESULT_COLUMNS, results_schema
 from engine.errors import QascError
 from engine.types import Chunk
 
-RESULT_COLUMNS = ("query_id", "rank", "doc_id", "char_start", "char_end", "score", "text", "n_tokens",
-                  "seed_ids", "sentence_start", "sentence_end")
 OUT_SUFFIXES = (".jsonl", ".parquet")
-
-
-def results_schema():
-    """The Arrow schema of RESULT_COLUMNS (built on call, so that pyarrow loads only when needed)."""
-    import pyarrow as pa
-
-    return pa.schema([
-        ("query_id", pa.string()), ("rank", pa.int32()), ("doc_id", pa.string()), ("char_start", pa.int64()),
-        ("char_end", pa.int64()), ("score", pa.float32()), ("text", pa.large_string()), ("n_tokens", pa.int32()),
-        ("seed_ids", pa.list_(pa.int32())), ("sentence_start", pa.int32()), ("sentence_end", pa.int32()),
-    ])
+ROW_GROUP_ROWS = 16384  # a Parquet row group holds at least this many rows (except the last)
 
 
 def chunk_row(qid: str, rank: int, c: Chunk) -> dict:
@@ -41,14 +30,6 @@ def chunk_row(qid: str, rank: int, c: Chunk) -> dict:
 def result_rows(ids: Sequence[str], results: Sequence[Sequence[Chunk]]) -> list[dict]:
     """Per query its chunks in rank order -> rows (query order, then rank)."""
     return [chunk_row(qid, rank, c) for qid, chunks in zip(ids, results, strict=True) for rank, c in enumerate(chunks)]
-
-
-def row_from_record(r: dict) -> dict:
-    """A row that went through Arrow/numpy (a Ray batch) -> plain Python types, as result_rows gives."""
-    return {"query_id": str(r["query_id"]), "rank": int(r["rank"]), "doc_id": str(r["doc_id"]),
-            "char_start": int(r["char_start"]), "char_end": int(r["char_end"]), "score": float(r["score"]),
-            "text": str(r["text"]), "n_tokens": int(r["n_tokens"]), "seed_ids": [int(x) for x in r["seed_ids"]],
-            "sentence_start": int(r["sentence_start"]), "sentence_end": int(r["sentence_end"])}
 
 
 def rows_to_table(rows: Sequence[dict]):
@@ -69,11 +50,6 @@ def to_table(results: Sequence[Sequence[Chunk]], ids: Sequence[str] | None = Non
     return rows_to_table(result_rows(ids, results))
 
 
-def rows_to_columns(rows: Sequence[dict]) -> dict[str, list]:
-    """Rows -> {column: values}, the batch format of Ray Data."""
-    return {name: [r[name] for r in rows] for name in RESULT_COLUMNS}
-
-
 def rows_to_chunks(ids: Sequence[str], rows: Sequence[dict]) -> list[list[Chunk]]:
     """Rows -> per query id (in `ids` order), its Chunks in rank order."""
     results: list[list[Chunk]] = [[] for _ in ids]
@@ -85,29 +61,119 @@ def rows_to_chunks(ids: Sequence[str], rows: Sequence[dict]) -> list[list[Chunk]
     return results
 
 
-def write_results(rows: list[dict], out: str) -> None:
-    """Write atomically: a temp file beside the target, then rename."""
+def check_out(out: str) -> Path:
+    """--out -> its Path, or QascError before any work when its extension or folder is wrong."""
     target = Path(out)
     if target.suffix not in OUT_SUFFIXES:
         raise QascError(f"--out must end in .jsonl or .parquet, got {out!r}")
     if not target.parent.exists():
         raise QascError(f"output folder does not exist: {target.parent}")
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
-    try:
-        if target.suffix == ".jsonl":
-            with open(tmp, "w", encoding="utf-8") as fh:
-                for row in rows:
-                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-        else:
+    if target.is_dir():
+        raise QascError(f"--out is a folder: {out}")
+    return target
+
+
+class ResultWriter:
+    """Streams result batches (RecordBatch or Table in results_schema()) to a .parquet or .jsonl file:
+
+        with ResultWriter("answers.parquet") as w:
+            for batch in engine.query_batches(emb, ids):
+                w.write(batch)
+
+    Rows go to a temp file beside the target as they come (Parquet: row groups of at least `row_group_rows`
+    rows, so memory holds one row group at most; JSONL: one line per row); on a clean exit the file is
+    fsynced and renamed over the target, on any error it is removed, so a failed run leaves a previous file
+    untouched. `rows` counts the rows written."""
+
+    def __init__(self, out: str | os.PathLike, row_group_rows: int = ROW_GROUP_ROWS) -> None:
+        self.target = check_out(str(out))
+        self.row_group_rows = max(1, row_group_rows)
+        self.tmp = self.target.with_name(f".{self.target.name}.tmp-{os.getpid()}")
+        self.rows = 0
+        self._fh = None
+        self._parquet = None
+        self._pending: list = []
+        self._pending_rows = 0
+
+    def __enter__(self) -> ResultWriter:
+        self._fh = open(self.tmp, "wb")  # noqa: SIM115 (closed in __exit__)
+        if self.target.suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            pq.write_table(rows_to_table(rows), tmp)
-        os.replace(tmp, target)
+            self._parquet = pq.ParquetWriter(self._fh, results_schema(), compression="zstd")
+        return self
+
+    def write(self, batch) -> None:
+        """batch: a pyarrow RecordBatch or Table with the columns of results_schema()."""
+        if self._fh is None:
+            raise QascError("ResultWriter.write outside its `with` block")
+        if tuple(batch.schema.names) != RESULT_COLUMNS:
+            raise QascError(f"result batch has columns {batch.schema.names}, expected {list(RESULT_COLUMNS)}")
+        if batch.num_rows == 0:
+            return
+        self.rows += batch.num_rows
+        if self._parquet is None:
+            lines = (json.dumps(row, ensure_ascii=False) + "\n" for row in batch.to_pylist())
+            self._fh.write("".join(lines).encode("utf-8"))
+            return
+        self._pending.append(batch)
+        self._pending_rows += batch.num_rows
+        if self._pending_rows >= self.row_group_rows:
+            self._flush()
+
+    def write_all(self, batches: Iterable) -> int:
+        """Writes every batch of an iterable as it comes -> rows written so far."""
+        for batch in batches:
+            self.write(batch)
+        return self.rows
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if self._pending:
+            table = pa.Table.from_batches([b for p in self._pending for b in _batches(p)], schema=results_schema())
+            self._parquet.write_table(table, row_group_size=max(table.num_rows, 1))
+            self._pending, self._pending_rows = [], 0
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if exc_type is None:
+                if self._parquet is not None:
+                    self._flush()
+                    self._parquet.close()
+                self._fh.flush()
+                os.fsync(self._fh.fileno())
+                self._fh.close()
+                os.replace(self.tmp, self.target)
+                _fsync_dir(self.target.parent)
+        finally:
+            if self._parquet is not None and exc_type is not None:
+                try:
+                    self._parquet.close()
+                except Exception:  # noqa: BLE001 - the error being raised is the one to report
+                    pass
+            if self._fh is not None and not self._fh.closed:
+                self._fh.close()
+            self._fh = None
+            if self.tmp.exists():
+                self.tmp.unlink()
+
+
+def _batches(batch_or_table) -> list:
+    return batch_or_table.to_batches() if hasattr(batch_or_table, "to_batches") else [batch_or_table]
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        os.close(fd)
 
 
 def print_table(ids: Sequence[str], questions: Sequence[str], results: Sequence[Sequence[Chunk]],

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.runs import combine_keys, positions_like, region_keys, run_bounds
+from kernels.runs import positions_like, region_keys, run_bounds
 
 
 def neighbour_dots(vectors: torch.Tensor, width: int, block_rows: int = 65536) -> torch.Tensor:
@@ -106,6 +106,9 @@ def pooled_extent_scores(
     return out
 
 
+SCAN_MAX = 64  # pick_extents: rows with at most this many candidates within the margin are picked by one scan
+
+
 def pick_extents(
     scores: torch.Tensor, max_picks: int, margin: float | None = None, lengths: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,21 +121,100 @@ def pick_extents(
     a taken one; extents past the end of the row are never candidates. With
     `margin`, only runs scoring >= the row's first pick - margin are taken. pick_id[q, i] = the order
     (0, 1, ...) of the pick covering position i, -1 if none; value[q, i] = that pick's score, -inf if none.
+
+    With a margin, only the few candidates within it of the row's best can ever be taken: rows with at most
+    SCAN_MAX of them are decided in one scan over those candidates in pick order (`_pick_by_scan`); other rows
+    (and every row without a margin) take one pick per step over the whole row (`_pick_by_steps`).
     """
     q, length, m = scores.shape
     pick_id = torch.full((q, length), -1, dtype=torch.long, device=scores.device)
     value = torch.full((q, length), float("-inf"), dtype=scores.dtype, device=scores.device)
     if length == 0 or q == 0 or m == 0:
         return pick_id, value
-    idx = positions_like(pick_id)
+    room = length - torch.arange(length, device=scores.device)[:, None]  # (L, 1) sentences left from each start
     if lengths is None:
-        lengths = torch.arange(1, m + 1, device=scores.device).expand(q, length, m)
-    ends = idx[..., None] + lengths.clamp(min=1)  # (Q, L, M) exclusive end of each extent
-    avail = torch.where(ends <= length, scores, torch.full_like(scores, float("-inf")))
-    ends = ends.clamp(max=length)
+        span = torch.arange(1, m + 1, device=scores.device).expand(q, length, m)
+        avail = scores.masked_fill(span > room, float("-inf"))  # (Q, L, M), an extent past the end: none
+    else:
+        span = lengths  # clamped to >= 1 where it is used (a length <= 0 always fits: every row has room >= 1)
+        avail = scores.masked_fill(lengths > room, float("-inf"))
+    if margin is None:
+        return _pick_by_steps(avail, span, max_picks, None, pick_id, value)
+    first = avail.reshape(q, -1).amax(dim=1)  # (Q,) every row's first pick
+    # may be taken: finite and >= first - margin (+inf: a row without candidates; -max: an infinite margin)
+    floor = torch.where(first > float("-inf"), (first - margin).clamp(min=-torch.finfo(avail.dtype).max),
+                        float("inf"))
+    near = avail >= floor[:, None, None]  # (Q, L, M)
+    hits = near.reshape(q, -1).nonzero()  # (N, 2) row, flat index: row-major, so in flat order within a row
+    count = torch.bincount(hits[:, 0], minlength=q)
+    scan = count <= SCAN_MAX
+    if bool(scan.all()):
+        return _pick_by_scan(avail, span, hits, count, max_picks, pick_id, value)
+    rows = scan.nonzero()[:, 0]
+    sub = near[rows].reshape(rows.shape[0], length * m).nonzero()
+    ids, vals = _pick_by_scan(avail[rows], span[rows], sub, count[rows], max_picks, pick_id[rows], value[rows])
+    pick_id[rows], value[rows] = ids, vals
+    rows = (~scan).nonzero()[:, 0]
+    ids, vals = _pick_by_steps(avail[rows], span[rows], max_picks, margin, pick_id[rows], value[rows])
+    pick_id[rows], value[rows] = ids, vals
+    return pick_id, value
+
+
+def _pick_by_scan(avail, span, hits, count, max_picks, pick_id, value):
+    """pick_extents for rows whose candidates within the margin (hits (N, 2): row and flat index of each, in
+    flat order within a row; count (Q,) per row) are few:
+    sorted best first (ties: lower start, then lower slot), each is taken unless it overlaps one taken before
+    it or `max_picks` are taken: the greedy steps' picks, in the same order."""
+    q, length, m = avail.shape
+    k = int(count.max()) if q else 0
+    if k == 0:
+        return pick_id, value
+    row, flat = hits[:, 0], hits[:, 1]
+    rank = torch.arange(row.shape[0], device=avail.device) - (count.cumsum(0) - count)[row]
+    cand = torch.full((q, k), -1, dtype=torch.long, device=avail.device)
+    cand[row, rank] = flat  # (Q, K) flat index of each row's candidates, in flat order, -1 = none
+    present = cand >= 0
+    score = torch.where(present, avail.reshape(q, -1).gather(1, cand.clamp(min=0)), float("-inf"))
+    order = score.sort(dim=1, descending=True, stable=True).indices  # best first; ties: lower flat index
+    cand, present, score = cand.gather(1, order), present.gather(1, order), score.gather(1, order)
+    flat = cand.clamp(min=0)
+    start = flat // m
+    stop = start + span.reshape(q, -1).gather(1, flat).clamp(min=1)  # (Q, K) exclusive
+    clash = (start[:, :, None] < stop[:, None, :]) & (start[:, None, :] < stop[:, :, None])  # (Q, K, K)
+    taken = torch.zeros_like(present)
+    n_taken = torch.zeros(q, dtype=torch.long, device=avail.device)
+    for i in range(k):
+        ok = present[:, i] & (n_taken < max_picks) & ~(clash[:, i, :i] & taken[:, :i]).any(dim=1)
+        taken[:, i] = ok
+        n_taken += ok
+    # taken extents are disjoint: +t+1 at the start of pick t and -(t+1) at its stop, summed left to right
+    t = torch.where(taken, taken.long().cumsum(dim=1), 0)
+    mark = torch.zeros((q, length + 1), dtype=torch.long, device=avail.device)
+    mark.scatter_add_(1, torch.where(taken, start, 0), t)
+    mark.scatter_add_(1, torch.where(taken, stop, 0), -t)
+    pick_id = mark[:, :length].cumsum(dim=1) - 1
+    # value of pick t: the t-th taken score
+    slot = torch.where(taken, t - 1, k)
+    by_pick = torch.full((q, k + 1), float("-inf"), dtype=avail.dtype, device=avail.device)
+    by_pick.scatter_(1, slot, torch.where(taken, score, float("-inf")))
+    value = torch.where(pick_id >= 0, by_pick.gather(1, pick_id.clamp(min=0)), value)
+    return pick_id, value
+
+
+def _pick_by_steps(avail, span, max_picks, margin, pick_id, value):
+    """pick_extents one pick per step: the best available extent of each row, then every extent overlapping it
+    is dropped (avail (Q, L, M) with -inf = none, span (Q, L, M) its sentences)."""
+    q, length, m = avail.shape
+    if q == 0:
+        return pick_id, value
+    idx = torch.arange(length, device=avail.device)
+    starts = idx[:, None].expand(length, m).reshape(-1)  # (L * M,) start of each flat extent
+    span = span.clamp(min=1)
+    ends = (idx[:, None] + span).reshape(q, -1)  # (Q, L * M) exclusive
+    avail = avail.reshape(q, -1)  # our own copy: dropped extents are written in place
     first = None
     for t in range(max_picks):
-        best, flat = avail.reshape(q, -1).max(dim=1)
+        best, flat = avail.max(dim=1)
         live = best > float("-inf")
         if margin is not None:
             first = best if first is None else first
@@ -140,13 +222,12 @@ def pick_extents(
         if not bool(live.any()):
             break
         start = flat // m
-        stop = start + lengths.reshape(q, -1).gather(1, flat[:, None])[:, 0].clamp(min=1)
-        span = (idx >= start[:, None]) & (idx < stop[:, None]) & live[:, None]
-        pick_id = torch.where(span, t, pick_id)
-        value = torch.where(span, best[:, None], value)
-        taken = torch.nn.functional.pad((pick_id >= 0).long().cumsum(dim=1), (1, 0))  # (Q, L+1)
-        hit = taken.gather(1, ends.reshape(q, -1)).reshape(q, length, m) > taken[:, :length, None]
-        avail = torch.where(hit, torch.full_like(avail, float("-inf")), avail)
+        stop = start + span.reshape(q, -1).gather(1, flat[:, None])[:, 0]
+        cover = (idx >= start[:, None]) & (idx < stop[:, None]) & live[:, None]
+        pick_id = torch.where(cover, t, pick_id)
+        value = torch.where(cover, best[:, None], value)
+        hit = (starts < stop[:, None]) & (ends > start[:, None]) & live[:, None]  # overlaps the new pick
+        avail.masked_fill_(hit, float("-inf"))
     return pick_id, value
 
 
@@ -188,26 +269,38 @@ def block_extent_scores(
     and block ids among valid positions; it is a candidate when the row holds all of it (the run is as long
     as block_sizes says the block is), it holds a seed and its tokens fit `max_tokens`. Its score, placed at
     its first position with length = its sentences, is its pooled cosine: the sum of its similarities over
-    block_norms. Everywhere else score is -inf and length 0.
+    block_norms. Everywhere else score is -inf and length 0. The runs are found as (first, last) position
+    pairs, so the work after a few (Q, L) passes is per run, not per position.
     """
     q, length = sims.shape
     score = torch.full_like(sims, float("-inf"))
     size = torch.zeros_like(n_tokens)
-    if length == 0:
+    if length == 0 or q == 0:
         return score, size
-    keys = combine_keys(region_keys(segment_ids, valid), block_ids)
-    run_start, run_end = run_bounds(keys)
-    idx = positions_like(sims)
-    span = run_end - run_start + 1
+    # a run ends between i and i + 1 when the segment, the block or validity changes there
+    cut = (segment_ids[:, 1:] != segment_ids[:, :-1]) | (block_ids[:, 1:] != block_ids[:, :-1])
+    cut |= valid[:, 1:] != valid[:, :-1]
+    first = valid.clone()
+    first[:, 1:] &= cut
+    last = valid.clone()
+    last[:, :-1] &= cut
+    # row-major order pairs the k-th first position of a row with its k-th last position
+    row, a = first.nonzero().unbind(1)  # (N,) one entry per run
+    e = last.nonzero()[:, 1]
+    before = a - 1  # the position before each run (-1 at the row's start: nothing before)
 
-    def run_sum(x: torch.Tensor) -> torch.Tensor:  # (Q, L) -> sum over the run starting at each position
-        cs = torch.nn.functional.pad(x.cumsum(dim=1), (1, 0))
-        return cs.gather(1, run_end + 1) - cs.gather(1, run_start)
+    def run_sum(cs: torch.Tensor) -> torch.Tensor:  # (Q, L) cumulative sums -> (N,) sum over each run
+        head = cs[row, before.clamp(min=0)]
+        return cs[row, e] - torch.where(before >= 0, head, torch.zeros_like(head))
 
-    total = run_sum(torch.where(valid, sims, torch.zeros_like(sims)))
-    tokens = run_sum(torch.where(valid, n_tokens, torch.zeros_like(n_tokens)))
-    seeded = run_sum((seeds & valid).long()) > 0
-    ok = valid & (keys >= 0) & (idx == run_start) & (span == block_sizes) & seeded & (tokens <= max_tokens)
-    norm = torch.where(block_norms > 0, block_norms, torch.ones_like(block_norms)).to(sims.dtype)
-    cos = torch.where(block_norms > 0, total / norm, torch.zeros_like(total))
-    return torch.where(ok, cos, score), torch.where(ok, span, size)
+    total = run_sum(torch.where(valid, sims, 0.0).cumsum(dim=1))  # the same full-row sums as before
+    span = e - a + 1
+    ok = (span == block_sizes[row, a]) & (run_sum(seeds.cumsum(dim=1, dtype=torch.long)) > 0)
+    ok &= run_sum(n_tokens.cumsum(dim=1)) <= max_tokens
+    norms = block_norms[row, a]
+    cos = torch.where(norms > 0, total / torch.where(norms > 0, norms, torch.ones_like(norms)).to(sims.dtype),
+                      torch.zeros_like(total))
+    row, a = row[ok], a[ok]
+    score[row, a] = cos[ok]
+    size[row, a] = span[ok]
+    return score, size

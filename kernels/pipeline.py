@@ -89,12 +89,13 @@ def run_qasc(
         if dots is None:
             raise ValueError("extent='pooled' needs the neighbour dots (Q, L, W) of the sentence vectors")
         runs = ops.pooled_extent_scores(sims, dots, valid, window_keys, seeds, p.max_extent, p.extent_penalty)
-        lengths = torch.arange(1, p.max_extent + 1, device=sims.device).expand(*sims.shape, p.max_extent)
+        if p.length_bonus:  # a run of n sentences gains length_bonus * ln(n): one constant per slot
+            n = torch.arange(1, p.max_extent + 1, dtype=runs.dtype, device=runs.device)
+            runs = runs + p.length_bonus * torch.log(n)
+        lengths = None  # slot m: the run of m + 1 sentences
         if p.block_kinds:
-            runs, lengths = _with_blocks(runs, lengths, sims, valid, region_ids, paragraph_ids, section_ids,
-                                         seeds, n_tokens, p, blocks, ops)
-        if p.length_bonus:
-            runs = runs + p.length_bonus * torch.log(lengths.clamp(min=1).to(runs.dtype))
+            runs, lengths = _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seeds, n_tokens,
+                                         p, blocks, ops)
         pick_id, seed_values = ops.pick_extents(runs, p.max_picks, p.score_margin, lengths)
         kept = pick_id >= 0  # every picked sentence; its value is its run's score
         how = "max"
@@ -166,20 +167,30 @@ def run_qasc(
     )
 
 
-def _with_blocks(runs, lengths, sims, valid, region_ids, paragraph_ids, section_ids, seeds, n_tokens, p, blocks, ops):
-    """runs/lengths (Q, L, M) -> (Q, L, M + B): the whole paragraphs and/or sections longer than the longest run
-    appended as extra candidate slots (B = 1 or 2)."""
+def _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seeds, n_tokens, p, blocks, ops):
+    """runs (Q, L, M) -> scores (Q, L, M + B) float, lengths (Q, L, M + B) int64: the whole paragraphs and/or
+    sections longer than the longest run as extra candidate slots (B = 1 or 2), with their length bonus."""
     ids = {"paragraph": paragraph_ids, "section": section_ids}
-    for kind in p.block_kinds:
+    q, length, m = runs.shape
+    out = runs.new_empty((q, length, m + len(p.block_kinds)))
+    out[..., :m] = runs
+    out[..., m:] = float("-inf")
+    lengths = torch.zeros(out.shape, dtype=torch.long, device=runs.device)
+    lengths[..., :m] = torch.arange(1, m + 1, device=runs.device)
+    for k, kind in enumerate(p.block_kinds, start=m):
         if blocks is None or kind not in blocks:
             raise ValueError(f"block_extents={p.block_extents!r} needs the {kind} sizes and norms (blocks=...)")
         sizes, norms = blocks[kind]
         score, size = ops.block_extent_scores(sims, valid, region_ids, ids[kind], sizes, norms, seeds, n_tokens,
                                               p.max_tokens)
-        score = torch.where(size > p.max_extent, score, torch.full_like(score, float("-inf")))
-        runs = torch.cat([runs, score[..., None]], dim=2)
-        lengths = torch.cat([lengths, size[..., None]], dim=2)
-    return runs, lengths
+        row, at = (size > p.max_extent).nonzero().unbind(1)  # the blocks (few) longer than the longest run
+        n = size[row, at]
+        value = score[row, at]
+        if p.length_bonus:
+            value = value + p.length_bonus * torch.log(n.to(value.dtype))
+        out[row, at, k] = value
+        lengths[row, at, k] = n
+    return out, lengths
 
 
 def _window_spans(kept, starts, ends, n_tokens, valid, labels, n_seg, p):

@@ -40,6 +40,27 @@ def similarity_ranks(sims: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return rank
 
 
+def top_ranked(sims: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
+    """sims (Q, L) float, valid (Q, L) bool -> (Q, L) bool: similarity_ranks(sims, valid) < k, without a sort.
+
+    The k-th largest key v of each row (a top-k): keys above v rank below k, and of the keys equal to v the
+    first k - (number above v) in row order do (ties go to the earlier position, as in similarity_ranks).
+    """
+    q, length = sims.shape
+    if k <= 0 or length == 0:
+        return torch.zeros_like(valid)
+    if k >= length:
+        return torch.ones_like(valid)
+    keyed = torch.where(valid, sims, torch.full_like(sims, float("-inf")))
+    if bool(keyed.isnan().any()):  # NaN has no place in a comparison: the sort decides
+        return similarity_ranks(sims, valid) < k
+    kth = keyed.topk(k, dim=1).values[:, -1:]  # (Q, 1)
+    above = keyed > kth
+    tied = keyed == kth
+    room = k - above.sum(dim=1, keepdim=True)  # >= 1: the rank slots left for the ties
+    return above | (tied & (tied.cumsum(dim=1) <= room))
+
+
 def percentile_seeds(
     sims: torch.Tensor,
     valid: torch.Tensor,
@@ -54,8 +75,7 @@ def percentile_seeds(
     entry have no seeds.
     """
     tau = percentile_threshold(sims, valid, percentile)
-    rank = similarity_ranks(sims, valid)
-    seeds = valid & ((sims >= tau[:, None]) | (rank < min_seeds))
+    seeds = valid & ((sims >= tau[:, None]) | top_ranked(sims, valid, min_seeds))
     if max_seeds is not None:
-        seeds &= rank < max_seeds
+        seeds &= top_ranked(sims, valid, max_seeds)
     return tau, seeds

@@ -67,6 +67,9 @@ def cap_breaks(labels: torch.Tensor, n_tokens: torch.Tensor, max_tokens: int) ->
     if length > 1:
         first[:, 1:] &= labels[:, 1:] != labels[:, :-1]
     frontier = first
+    # common case first: every run fits whole (cum is non-decreasing), so no piece is cut and no search is needed
+    if not bool((first & (cum.gather(1, run_end) > before + max_tokens)).any()):
+        return breaks
     while bool(frontier.any()):
         limit = before + max_tokens  # a piece starting at p may end at the last j with cum[j] <= limit[p]
         last = torch.searchsorted(cum, limit, right=True) - 1

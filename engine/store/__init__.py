@@ -2,8 +2,8 @@
 
     schema    file names, Arrow schemas, the embedding column <-> numpy
     files     atomic writes, digests, the writer's lock, Parquet reads, test failpoints
-    inputs    discover / decode / validate inputs, plan shards, read a shard back
-    stages    split -> embed -> write of one shard; the in-process shard runner
+    inputs    discover inputs, plan read units from their sizes, read and validate a unit
+    stages    read -> cut -> split -> embed -> write of a unit's shards; the in-process runner
     manifest  the committed manifest and the _staging area of a running ingest
     index     FAISS index: kinds, build, load, search; blocked exact torch top-k, recall@depth
     progress  the progress bar / log lines of an ingest
@@ -14,8 +14,15 @@
 
 from engine.store.files import ResumableError, file_digest
 from engine.store.index import exact_search, exact_topk, recall_at_depth
-from engine.store.ingest import DEFAULT_SHARD_CHARS, IngestConfig, ingest, ingest_table, summary_line
-from engine.store.inputs import DocRef, Document, ReadOptions, ShardTask
+from engine.store.ingest import (
+    DEFAULT_SHARD_CHARS,
+    DEFAULT_UNIT_BYTES,
+    IngestConfig,
+    ingest,
+    ingest_table,
+    summary_line,
+)
+from engine.store.inputs import Document, InputUnit, ReadOptions, Segment
 from engine.store.manifest import existing_manifest, read_manifest
 from engine.store.progress import IngestProgress
 from engine.store.reader import Store
@@ -25,18 +32,19 @@ from engine.store.verify import verify_store
 
 __all__ = [
     "DEFAULT_SHARD_CHARS",
+    "DEFAULT_UNIT_BYTES",
     "DOCUMENTS_SCHEMA",
     "SENTENCE_COLUMNS",
-    "DocRef",
     "Document",
     "IngestConfig",
     "IngestContext",
     "IngestProgress",
+    "InputUnit",
     "LocalRunner",
     "ReadOptions",
     "ResumableError",
     "ShardRunner",
-    "ShardTask",
+    "Segment",
     "Store",
     "exact_search",
     "exact_topk",

@@ -1,10 +1,15 @@
 """`ingest()`: split, embed and index documents into a store (created, resumed, or appended to);
 `ingest_table()`: the same from an in-memory Arrow table, pandas DataFrame or iterable of records.
 
-Stages: plan (read and validate every input, assign documents to shards; nothing is written before it
-passes) -> per shard: read -> split (sentences, token cap) -> embed -> write (atomic, recorded in
-_staging) -> index -> manifest. A rerun of the same command skips the recorded shards. The shards are run
-by a shard runner: `LocalRunner` (in-process, the default) or the Ray Data pipeline that jobs/ passes in.
+Stages: plan (list the inputs with their sizes / row counts and cut them into read units; no document is
+read) -> per unit, in a worker: read and validate -> cut into shards of about shard_chars characters -> per
+shard: split (sentences, token cap) -> embed -> write (atomic, into _staging/) -> the driver records the
+shard (and checks its doc_ids against the store and the other shards) -> once every unit is done: rename the
+staged shards into the store -> index -> manifest. A bad input aborts before the manifest is written and
+leaves the committed store as it was; a rerun of the same command skips the recorded shards and units. The
+units are run by a shard runner: `LocalRunner` (in-process, the default) or the Ray Data pipeline that jobs/
+passes in. The driver holds the plan (one entry a file or segment), one small record a shard and 8 bytes a
+document, never text or embeddings.
 """
 
 from __future__ import annotations
@@ -21,25 +26,28 @@ import numpy as np
 from engine.config import EngineConfig
 from engine.errors import QascError, first_line
 from engine.store import index as faiss_index
-from engine.store.files import ResumableError, atomic_write, failpoint, locked
-from engine.store.inputs import Document, ReadOptions, ShardTask, assign_shards, plan_inputs, plan_memory
+from engine.store.files import ResumableError, atomic_write, failpoint, locked, read_table
+from engine.store.inputs import InputUnit, ReadOptions, pack_units, plan_files, plan_memory
 from engine.store.manifest import (
+    DocIdSet,
     Staging,
     build_manifest,
     check_compatible,
-    existing_doc_ids,
     existing_manifest,
+    id_hashes,
     now,
     remove_new_store,
     shard_entry,
+    source_of,
+    store_doc_ids,
 )
 from engine.store.progress import IngestProgress, log_stderr
 from engine.store.schema import MANIFEST, STORE_DTYPES
-from engine.store.stages import IngestContext, LocalRunner, ShardRunner, write_shard
+from engine.store.stages import IngestContext, LocalRunner, ShardRunner
 from engine.tokencap import DEFAULT_MAX_SENTENCE_TOKENS, load_tokenizer
-from engine.types import Sentences
 
-DEFAULT_SHARD_CHARS = 524_288  # characters of input text per shard (the unit of work and of resume)
+DEFAULT_SHARD_CHARS = 524_288  # characters of input text per shard (the unit of writing and of resume)
+DEFAULT_UNIT_BYTES = 64 * 2**20  # input bytes per read unit (the unit of planning and of parallel reading)
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,8 @@ class IngestConfig:
     index: str = "auto"  # auto | flat | ivf | hnsw
     dtype_store: str | None = None  # float32 | float16 (None: the store's, else float32)
     max_sentence_tokens: int | None = None  # token cap of a sentence (None: the store's, else 128)
-    shard_chars: int = DEFAULT_SHARD_CHARS  # input characters per shard: the unit of work and of resume
+    shard_chars: int = DEFAULT_SHARD_CHARS  # input characters per shard: the unit of writing and of resume
+    unit_bytes: int = DEFAULT_UNIT_BYTES  # input bytes per read unit: the unit of planning and parallel reading
     read: ReadOptions = field(default_factory=ReadOptions)
 
     def resolved(self, old: dict | None) -> IngestConfig:
@@ -81,6 +90,8 @@ def _validate(config: EngineConfig, settings: IngestConfig, local: bool) -> None
         raise QascError(str(exc)) from None
     if settings.shard_chars < 1:
         raise QascError(f"--shard-chars must be >= 1, got {settings.shard_chars}")
+    if settings.unit_bytes < 1:
+        raise QascError(f"--unit-bytes must be >= 1, got {settings.unit_bytes}")
     if not 1 <= settings.max_sentence_tokens <= e.max_length - 2:
         raise QascError(f"--max-sentence-tokens must be in [1, {e.max_length - 2}] (--max-length minus the 2 "
                         f"special tokens), got {settings.max_sentence_tokens}")
@@ -110,9 +121,9 @@ def ingest(
     Returns the summary: documents, sentences (this run), seconds, sentences_per_s, store totals.
     """
 
-    def planner(opts: ReadOptions, existing: dict[str, str], root: Path) -> tuple[list, list, list, dict]:
-        refs, sources, skipped = plan_inputs(paths, opts, existing, exclude=root)
-        return refs, sources, skipped, {}
+    def planner(opts: ReadOptions, unit_bytes: int, root: Path) -> tuple[list, list, list, dict, list]:
+        segments, sources, skipped = plan_files(paths, opts, unit_bytes, exclude=root)
+        return segments, sources, skipped, {}, [(s.doc_id, s.path) for s in segments if s.kind == "text"]
 
     return _ingest(planner, store, config, settings, embedder, runner, progress, log)
 
@@ -140,16 +151,16 @@ def ingest_table(
     absolute path the store is byte-identical to the one `ingest([that file])` builds.
     """
 
-    def planner(opts: ReadOptions, existing: dict[str, str], root: Path) -> tuple[list, list, list, dict]:
-        refs, sources, memory = plan_memory(data, opts, existing, source)
-        return refs, sources, [], memory
+    def planner(opts: ReadOptions, unit_bytes: int, root: Path) -> tuple[list, list, list, dict, list]:
+        segments, sources, memory = plan_memory(data, opts, source)
+        return segments, sources, [], memory, [(d.doc_id, d.source) for docs in memory.values() for d in docs]
 
     return _ingest(planner, store, config, settings, embedder, runner, progress, log)
 
 
 def _ingest(planner, store, config, settings, embedder, runner, progress, log) -> dict:
-    """The orchestration behind ingest() and ingest_table(); planner(opts, existing ids, root) ->
-    (refs, sources, skipped files, in-memory Documents by label)."""
+    """The orchestration behind ingest() and ingest_table(); planner(opts, unit_bytes, root) -> (segments,
+    sources, skipped files, in-memory Documents by label, [(doc_id, where)] known before reading)."""
     from engine.embedder import DEFAULT_MODEL, model_fingerprint, resolve_model_path
 
     t0 = time.perf_counter()
@@ -172,18 +183,24 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
     if old:
         check_compatible(old, root, name, fingerprint, splitter_desc, dtype_store)
 
-    # plan: every input read and validated before anything is written
+    # plan from sizes: no document is read here; what needs the content is checked by the workers, and ids
+    # across units / against the store by on_shard below, all before the manifest is written
     opts = settings.read
-    refs, sources, skipped, memory = planner(opts, existing_doc_ids(root, old), root)
+    segments, sources, skipped, memory, known = planner(opts, settings.unit_bytes, root)
     if skipped:
         log(f"qasc ingest: skipped {len(skipped)} file(s) that are not text/markdown, e.g. {skipped[0]}")
+    units = pack_units(segments, settings.unit_bytes)
     first_id = old["counts"]["shards"] if old else 0
-    tasks = assign_shards(refs, settings.shard_chars, first_id)
-    ctx = IngestContext(config, opts, settings.max_sentence_tokens, memory)
+    ids = _IdCheck(root, old)
+    ids.check_known(known)
+    ctx = IngestContext(config, opts, settings.max_sentence_tokens, str(root), dtype_store, settings.shard_chars,
+                        first_id, memory)
     plan = {"base_generation": old["generation"] if old else 0, "fingerprint": fingerprint,
             "splitter": splitter_desc, "dtype": dtype_store, "read": asdict(opts), "sources": sources,
-            "shards": [[asdict(r) for r in t.docs] for t in tasks], "first_shard": first_id}
+            "shard_chars": settings.shard_chars, "unit_bytes": settings.unit_bytes,
+            "units": [[asdict(s) for s in u.segments] for u in units], "first_shard": first_id}
     plan["hash"] = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
+    del segments, known
 
     if runner is None:
         if embedder is None:
@@ -198,30 +215,41 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
     created = old is None
     with runner.session(), locked(root):
         staging = Staging(root, plan, log)
-        todo = [t for t in tasks if t.shard_id not in staging.done]
-        done_chars = sum(t.chars for t in tasks if t.shard_id in staging.done)
-        progress.start(sum(t.chars for t in tasks), len(tasks), done_chars, len(tasks) - len(todo))
+        resumed = len(staging.done)
+        ids.staging = staging
+        for record in staging.done.values():
+            ids.add_staged(record)
+        todo = [u for u in units if u.unit_id not in staging.units]
+        done: dict[int, set[int]] = {}
+        for unit_id, k in staging.done:
+            done.setdefault(unit_id, set()).add(k)
+        total = sum(u.size for u in units)
+        progress.start(total, max(1, round(total / settings.shard_chars)),
+                       sum(r["chars"] for r in staging.done.values()), resumed)
         embedded = 0
         try:
-            def on_shard(task: ShardTask, docs: list[Document], sents: list[Sentences], emb: np.ndarray) -> None:
+            def on_shard(record: dict) -> None:
                 nonlocal embedded
+                ids.add_new(record)  # QascError for a doc_id in the store or in another shard
                 try:
-                    record = write_shard(root, task.shard_id, docs, sents, emb, dtype_store)
                     staging.record(record)
                 except OSError as exc:
-                    raise ResumableError(f"cannot write shard {task.shard_id} into {root}: "
-                                         f"{exc.strerror or exc}; finished shards are kept, run the same "
+                    raise ResumableError(f"cannot record shard {record['index']} of unit {record['unit']} in "
+                                         f"{root}: {exc.strerror or exc}; finished shards are kept, run the same "
                                          f"ingest again to resume") from None
-                embedded += len(emb)
-                progress.shard_done(task.chars, len(emb), embedded_here=local)
+                embedded += record["n_sentences"]
+                progress.shard_done(record["chars"], record["n_sentences"], embedded_here=local)
 
             if todo:
-                runner.run(todo, ctx, on_shard, progress)
-            records = [staging.done[t.shard_id] for t in tasks]
-            dims = {r["dim"] for r in records} | ({old["dim"]} if old else set())
+                runner.run(todo, ctx, done, on_shard, staging.unit_done, progress)
+            _check_finished(units, staging)
+            progress.finish(len(staging.done))
+            progress.close()
+            dims = {r["dim"] for r in staging.done.values()} | ({old["dim"]} if old else set())
             if len(dims) != 1:
                 raise QascError(f"embedding width {sorted(dims)} disagrees with the store's; refusing to mix models")
             dim = dims.pop()
+            records = staging.commit(first_id)
             all_shards = (old["shards"] if old else []) + [shard_entry(r) for r in records]
             data, index_entry = faiss_index.build_index(root, all_shards, old, settings.index, dim, log)
         except ResumableError:
@@ -233,7 +261,6 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
             if created:
                 remove_new_store(root)
             raise
-        progress.close()
         generation = (old["generation"] if old else 0) + 1
         index_file = f"index-{generation:04d}.faiss"
         try:
@@ -244,12 +271,14 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
         failpoint("index-written")
         index_entry["file"] = index_file
         seconds = time.perf_counter() - t0
-        run = {"finished": now(), "documents": len(refs), "sentences": sum(r["n_sentences"] for r in records),
-               "embedded_here": embedded, "seconds": round(seconds, 3), "mode": runner.mode,
-               "workers": runner.workers, "resumed_shards": len(tasks) - len(todo)}
+        run = {"finished": now(), "documents": sum(r["n_documents"] for r in records),
+               "sentences": sum(r["n_sentences"] for r in records), "embedded_here": embedded,
+               "seconds": round(seconds, 3), "mode": runner.mode, "workers": runner.workers,
+               "resumed_shards": resumed}
         manifest = build_manifest(old, config, name, fingerprint, dim, dtype_store, splitter_desc, all_shards,
                                   records, index_entry, faiss_index.sha256(data), len(data), generation, run,
                                   settings.to_dict())
+        del data
         failpoint("before-manifest")
         atomic_write(root / MANIFEST, json.dumps(manifest, indent=1).encode())
         if old and old["index"]["file"] != index_file:
@@ -261,6 +290,70 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
             "embedded": embedded, "resumed_shards": run["resumed_shards"], "mode": run["mode"],
             "store_documents": manifest["counts"]["documents"], "store_sentences": manifest["counts"]["sentences"],
             "index": index_entry["kind"]}
+
+
+def _check_finished(units: Sequence[InputUnit], staging: Staging) -> None:
+    """Every unit finished with all its shards staged; a .jsonl file cut into several segments has records."""
+    missing = [u.unit_id for u in units if u.unit_id not in staging.units]
+    if missing:
+        raise ResumableError(f"the runner finished without read unit(s) {missing[:5]}; run the same ingest again "
+                             f"to resume")
+    totals: dict[str, int] = {}
+    for summary in staging.units.values():
+        for path, n in summary.get("jsonl_counts", {}).items():
+            totals[path] = totals.get(path, 0) + n
+    for path, n in sorted(totals.items()):
+        if n == 0:
+            raise QascError(f"{path}: empty collection (no records)")
+
+
+class _IdCheck:
+    """Doc_ids unique in the store after this run, checked as each shard's ids arrive (before the manifest is
+    written). The driver keeps 8 bytes a document (DocIdSet); a hash match is confirmed by reading the doc_id
+    and source columns of the files involved, which also gives the message its two places."""
+
+    def __init__(self, root: Path, old: dict | None) -> None:
+        self.root, self.old = root, old
+        self.store = store_doc_ids(root, old)
+        self.seen = DocIdSet()
+        self.staging: Staging | None = None
+
+    def _in_store(self, doc_id: str) -> str | None:
+        for shard in self.old["shards"] if self.old else []:
+            if source_of(self.root, shard["documents"], doc_id) is not None:
+                return f"{self.root}/{shard['documents']}"
+        return None
+
+    def check_known(self, known: Sequence[tuple[str, str]]) -> None:
+        """Ids known from the plan (text files' paths, in-memory inputs) against the store, before any work."""
+        hashes = id_hashes([d for d, _ in known])
+        for i in np.flatnonzero(self.store.hits(hashes)):
+            doc_id, where = known[i]
+            if (file := self._in_store(doc_id)) is not None:
+                raise QascError(f"duplicate doc_id {doc_id!r}: {where} is already in the store ({file})")
+
+    def add_staged(self, record: dict) -> None:
+        """A shard kept from an earlier run (its ids were checked then)."""
+        rel = self.staging.documents_file(record)
+        self.seen.add(id_hashes(read_table(self.root, rel, columns=["doc_id"]).column(0).to_pylist()))
+
+    def add_new(self, record: dict) -> None:
+        """A shard a worker just wrote: record["doc_ids"] (removed from the record) against the store and
+        every other shard of this run."""
+        doc_ids = record.pop("doc_ids")
+        hashes = id_hashes(doc_ids)
+        for i in np.flatnonzero(self.store.hits(hashes)):
+            if (file := self._in_store(doc_ids[i])) is not None:
+                here = source_of(self.root, record["documents"], doc_ids[i])
+                raise QascError(f"duplicate doc_id {doc_ids[i]!r}: {here} is already in the store ({file})")
+        for i in np.flatnonzero(self.seen.hits(hashes)):
+            here = ((record["unit"], record["index"]), source_of(self.root, record["documents"], doc_ids[i]))
+            for key, other in sorted(self.staging.done.items()):
+                where = source_of(self.root, self.staging.documents_file(other), doc_ids[i])
+                if where is not None:
+                    first, second = sorted([(key, where), here])
+                    raise QascError(f"duplicate doc_id {doc_ids[i]!r}: {first[1]} and {second[1]}")
+        self.seen.add(hashes)
 
 
 def summary_line(summary: dict) -> str:

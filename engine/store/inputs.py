@@ -1,21 +1,26 @@
-"""Inputs of an ingest: discover files, decode and validate them, plan the shards, read a shard back.
+"""Inputs of an ingest: discover files, plan read units from their sizes, read and validate a unit in a worker.
 
-Every input is read and validated by `plan_inputs` (files) or `plan_memory` (an Arrow table, a pandas
-DataFrame or an iterable of records) before the first byte is written (a bad input is one QascError naming
-where it is); `read_shard` reads a planned shard again in a worker and checks it against the plan.
+The plan (`plan_files` for files, `plan_memory` for an Arrow table, a pandas DataFrame or an iterable of
+records) reads no document: it lists the inputs with their byte sizes (text, .jsonl) or row counts and row
+group sizes (.parquet, from the footer) and cuts them into `Segment`s packed into `InputUnit`s of about
+`unit_bytes` input bytes. A .jsonl file larger than a unit is cut at line starts (one pass counting newlines,
+so each segment knows its first line number); a .parquet file at row ranges (from its row groups' sizes).
+What needs the content (decoding, JSON, fields, ids, empty documents, duplicate ids within a unit) is checked
+by `read_unit` in the worker that reads the unit, before any of its shards is written; ids across units and
+against the store are checked by the driver (engine/store/ingest.py) before the manifest is written.
 
 In-memory inputs become the same Documents as files: table rows those of a .parquet file (source
 `LABEL#rowN`, 0-based), records those of a .jsonl file (source `LABEL:N`, 1-based); the metadata is every
 other column / key. So a store built from memory with `source=` the file's path is byte-identical to the
-store built from that file.
+store built from that file while the input fits one unit (the shards are cut inside a unit).
 """
 
 from __future__ import annotations
 
 import codecs
 import hashlib
-import itertools
 import json
+import math
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +36,8 @@ TABLE_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}
 MEMORY_KINDS = ("table", "records")  # in-memory inputs: Arrow table / pandas DataFrame, iterable of mappings
 ENCODING_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
 BINARY_SNIFF = 8192  # bytes inspected for NUL
+SCAN_BLOCK = 1 << 22  # bytes read at a time when a large .jsonl file is cut at line starts
+PARQUET_BATCH = 1024  # rows a worker decodes at a time
 
 
 @dataclass(frozen=True)
@@ -55,40 +62,42 @@ class ReadOptions:
 
 
 @dataclass(frozen=True)
-class DocRef:
-    """Where one input document lives; enough to read it again in a worker."""
-
-    doc_id: str
-    path: str  # absolute; in-memory inputs: the source label
-    kind: str  # text | jsonl | parquet | table | records
-    row: int  # jsonl, records: line/record number (1-based); parquet, table: row (0-based); text: 0
-    offset: int  # jsonl: byte offset of the line; table, records: position in the in-memory documents
-    length: int  # jsonl: bytes of the line
-    chars: int  # characters of the decoded text
-
-    def where(self) -> str:
-        line = f"{self.path}:{self.row}"
-        return {"text": self.path, "jsonl": line, "records": line}.get(self.kind, f"{self.path}#row{self.row}")
-
-
-@dataclass(frozen=True)
 class Document:
     doc_id: str
     text: str
     metadata: dict
     source: str
 
+@dataclass(frozen=True)
+class Segment:
+    """A contiguous piece of one input, enough for a worker to read it: a whole text file (doc_id from its
+    path), the lines of a .jsonl file that start in bytes [start, end) (the first one is line `row`), rows
+    [start, end) of a .parquet file or of an in-memory input (label = path)."""
+
+    path: str  # absolute; in-memory inputs: the source label
+    kind: str  # text | jsonl | parquet | table | records
+    start: int
+    end: int
+    row: int  # jsonl: number (1-based) of the line at byte `start`; otherwise 0
+    size: int  # input bytes (in-memory inputs: characters): the planning weight
+    whole: bool  # the segment is the whole input (an input without records is an error)
+    doc_id: str | None = None  # text files
+    file_bytes: int = 0  # files: size and mtime when planned (a worker refuses a file that changed since)
+    mtime_ns: int = 0
+
 
 @dataclass(frozen=True)
-class ShardTask:
-    """One unit of work and of resume: a contiguous run of documents."""
+class InputUnit:
+    """One unit of planning and of parallel reading: segments in store order. A worker reads it and cuts it
+    into shards of about shard_chars characters (the unit of writing and of resume)."""
 
-    shard_id: int
-    docs: tuple[DocRef, ...]
+    unit_id: int
+    segments: tuple[Segment, ...]
 
     @property
-    def chars(self) -> int:
-        return sum(d.chars for d in self.docs)
+    def size(self) -> int:
+        return sum(s.size for s in self.segments)
+
 
 def _read_bytes(path: str | Path) -> bytes:
     try:
@@ -173,18 +182,6 @@ def discover(paths: Sequence[str | Path], exclude: Path | None = None) -> tuple[
     return found, skipped
 
 
-def _jsonl_records(data: bytes, path: Path, opts: ReadOptions) -> Iterator[tuple[int, int, int, dict]]:
-    """jsonl bytes -> (line number, byte offset, byte length, record) for every non-blank line."""
-    offset = 0
-    for lineno, line in enumerate(data.split(b"\n"), start=1):
-        start, offset = offset, offset + len(line) + 1
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        record = _parse_json_line(line, where, opts)
-        yield lineno, start, len(line), record
-
-
 def _parse_json_line(line: bytes, where: str, opts: ReadOptions) -> dict:
     try:
         record = json.loads(decode_text(line, where, opts))
@@ -210,76 +207,6 @@ def _parquet_file(data_or_path: bytes | str, where: str) -> pq.ParquetFile:
         return pq.ParquetFile(source)
     except (pa.ArrowException, OSError) as exc:
         raise QascError(f"{where}: not a readable Parquet file ({first_line(exc)})") from None
-
-
-def _parquet_refs(data: bytes, path: Path, opts: ReadOptions) -> Iterator[DocRef]:
-    pf = _parquet_file(data, str(path))
-    names = pf.schema_arrow.names
-    for field in (opts.id_field, opts.text_field):
-        if field not in names:
-            raise QascError(f"{path}: no {field!r} column (columns: {', '.join(names)}); pass --id-field/--text-field")
-    text_type = pf.schema_arrow.field(opts.text_field).type
-    if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)):
-        raise QascError(f"{path}: column {opts.text_field!r} must hold strings, got {text_type}")
-    row = 0
-    try:
-        for batch in pf.iter_batches(columns=[opts.id_field, opts.text_field], batch_size=4096):
-            for doc_id, text in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(), strict=True):
-                where = f"{path}#row{row}"
-                if doc_id is None:
-                    raise QascError(f"{where}: missing {opts.id_field!r}")
-                text = _check_text(text, where, opts.text_field)
-                yield DocRef(_doc_id(doc_id, where, opts.id_field), str(path), "parquet", row, 0, 0, len(text))
-                row += 1
-    except pa.ArrowException as exc:
-        raise QascError(f"{path}: corrupt Parquet file ({first_line(exc)})") from None
-
-
-def _check_unique(refs: Sequence[DocRef], existing: dict[str, str], seen: dict[str, str]) -> None:
-    """QascError for a doc_id already in the store or seen before (seen: doc_id -> where, updated)."""
-    for ref in refs:
-        if ref.doc_id in existing:
-            raise QascError(f"duplicate doc_id {ref.doc_id!r}: {ref.where()} is already in the store "
-                            f"({existing[ref.doc_id]})")
-        if ref.doc_id in seen:
-            raise QascError(f"duplicate doc_id {ref.doc_id!r}: {seen[ref.doc_id]} and {ref.where()}")
-        seen[ref.doc_id] = ref.where()
-
-
-def plan_inputs(paths: Sequence[str | Path], opts: ReadOptions, existing: dict[str, str] | None = None,
-                exclude: Path | None = None) -> tuple[list[DocRef], list[dict], list[str]]:
-    """Read and validate every input; -> (documents in store order, sources with sha256, skipped files).
-
-    Raises QascError for the first bad input (missing, unreadable, binary, undecodable, empty, duplicate id).
-    """
-    existing = existing or {}
-    files, skipped = discover(paths, exclude)
-    refs: list[DocRef] = []
-    sources: list[dict] = []
-    seen: dict[str, str] = {}
-    for path, kind, doc_id in files:
-        data = _read_bytes(path)
-        sources.append({"path": str(path), "kind": kind, **{"sha256": hashlib.sha256(data).hexdigest(),
-                                                            "bytes": len(data)}})
-        if kind == "text":
-            text = decode_text(data, str(path), opts)
-            if not text.strip():
-                raise QascError(f"{path}: empty file (no text)")
-            new = [DocRef(doc_id, str(path), "text", 0, 0, 0, len(text))]
-        elif kind == "jsonl":
-            new = []
-            for lineno, offset, length, record in _jsonl_records(data, path, opts):
-                where = f"{path}:{lineno}"
-                text = _check_text(record[opts.text_field], where, opts.text_field)
-                new.append(DocRef(_doc_id(record[opts.id_field], where, opts.id_field), str(path), "jsonl",
-                                  lineno, offset, length, len(text)))
-        else:
-            new = list(_parquet_refs(data, path, opts))
-        if not new:
-            raise QascError(f"{path}: empty collection (no records)")
-        _check_unique(new, existing, seen)
-        refs.extend(new)
-    return refs, sources, skipped
 
 
 def _memory_table(data: object, label: str) -> pa.Table | None:
@@ -332,9 +259,130 @@ def _record_documents(records: Iterable, label: str, opts: ReadOptions) -> list[
     return docs
 
 
-def plan_memory(data: object, opts: ReadOptions, existing: dict[str, str] | None = None,
-                source: str | None = None) -> tuple[list[DocRef], list[dict], dict[str, list[Document]]]:
-    """Validate an in-memory input -> (documents in store order, its source entry, {label: Documents}).
+def _metadata(record: dict, opts: ReadOptions) -> dict:
+    return {k: v for k, v in record.items() if k not in (opts.id_field, opts.text_field)}
+
+
+def _stat(path: Path | str) -> os.stat_result:
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise QascError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if not os.path.isfile(path):
+        raise QascError(f"{path}: is a folder, expected a file")
+    return st
+
+
+def _jsonl_segments(path: Path, st: os.stat_result, unit_bytes: int) -> list[Segment]:
+    """A .jsonl file -> segments of about unit_bytes cut at line starts (one streaming pass over a file larger
+    than a unit, counting newlines; a smaller file is one segment and is not read here)."""
+    common = dict(file_bytes=st.st_size, mtime_ns=st.st_mtime_ns)
+    size = st.st_size
+    if size <= unit_bytes:
+        return [Segment(str(path), "jsonl", 0, size, 1, size, True, **common)]
+    cuts: list[tuple[int, int]] = []  # (byte offset, line number) of each segment start after the first
+    start, pos, newlines = 0, 0, 0
+    try:
+        with open(path, "rb") as fh:
+            while block := fh.read(SCAN_BLOCK):
+                while (target := start + unit_bytes) <= pos + len(block):
+                    nl = block.find(b"\n", max(target - 1 - pos, 0))
+                    if nl < 0:
+                        break
+                    start = pos + nl + 1
+                    cuts.append((start, newlines + block.count(b"\n", 0, nl + 1) + 1))
+                newlines += block.count(b"\n")
+                pos += len(block)
+    except OSError as exc:
+        raise QascError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    bounds = [(0, 1), *[c for c in cuts if c[0] < pos]]
+    ends = [b for b, _ in bounds[1:]] + [pos]
+    return [Segment(str(path), "jsonl", b, e, line, e - b, len(bounds) == 1, **common)
+            for (b, line), e in zip(bounds, ends, strict=True)]
+
+
+def _parquet_segments(path: Path, st: os.stat_result, opts: ReadOptions, unit_bytes: int) -> list[Segment]:
+    """A .parquet file -> segments of about unit_bytes (uncompressed) by row ranges, from the footer only."""
+    pf = _parquet_file(str(path), str(path))
+    names = pf.schema_arrow.names
+    for field in (opts.id_field, opts.text_field):
+        if field not in names:
+            raise QascError(f"{path}: no {field!r} column (columns: {', '.join(names)}); pass --id-field/--text-field")
+    text_type = pf.schema_arrow.field(opts.text_field).type
+    if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)):
+        raise QascError(f"{path}: column {opts.text_field!r} must hold strings, got {text_type}")
+    md = pf.metadata
+    if md.num_rows == 0:
+        raise QascError(f"{path}: empty collection (no records)")
+    bounds: list[tuple[int, int, float]] = []  # (first row, end row, bytes)
+    first = row = 0
+    acc = 0.0
+    for g in range(md.num_row_groups):
+        n = md.row_group(g).num_rows
+        per_row = max(md.row_group(g).total_byte_size, 1) / max(n, 1)
+        left = n
+        while left:
+            take = min(left, max(1, math.ceil((unit_bytes - acc) / per_row)))
+            acc += take * per_row
+            row += take
+            left -= take
+            if acc >= unit_bytes:
+                bounds.append((first, row, acc))
+                first, acc = row, 0.0
+    if first < row:
+        bounds.append((first, row, acc))
+    return [Segment(str(path), "parquet", a, b, 0, max(int(size), 1), len(bounds) == 1, file_bytes=st.st_size,
+                    mtime_ns=st.st_mtime_ns) for a, b, size in bounds]
+
+
+def plan_files(paths: Sequence[str | Path], opts: ReadOptions, unit_bytes: int, exclude: Path | None = None
+               ) -> tuple[list[Segment], list[dict], list[str]]:
+    """Discover the inputs and cut them into segments from their sizes -> (segments in store order, sources
+    (path, kind, bytes, mtime_ns), skipped files). Reads no document (only .parquet footers, and the newlines
+    of .jsonl files larger than a unit). Raises QascError for a missing, unreadable or empty input, a Parquet
+    file without the id/text columns, and duplicate doc_ids among text files (their ids are their paths)."""
+    files, skipped = discover(paths, exclude)
+    segments: list[Segment] = []
+    sources: list[dict] = []
+    text_ids: dict[str, str] = {}
+    for path, kind, doc_id in files:
+        st = _stat(path)
+        sources.append({"path": str(path), "kind": kind, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
+        if kind == "text":
+            if st.st_size == 0:
+                raise QascError(f"{path}: empty file (no text)")
+            if doc_id in text_ids:
+                raise QascError(f"duplicate doc_id {doc_id!r}: {text_ids[doc_id]} and {path}")
+            text_ids[doc_id] = str(path)
+            segments.append(Segment(str(path), "text", 0, st.st_size, 0, st.st_size, True, doc_id, st.st_size,
+                                    st.st_mtime_ns))
+        elif kind == "jsonl":
+            segments.extend(_jsonl_segments(path, st, unit_bytes))
+        else:
+            segments.extend(_parquet_segments(path, st, opts, unit_bytes))
+    return segments, sources, skipped
+
+
+def pack_units(segments: Sequence[Segment], unit_bytes: int) -> list[InputUnit]:
+    """Segments in order -> units of about unit_bytes (a unit closes once it reaches unit_bytes)."""
+    units: list[InputUnit] = []
+    cur: list[Segment] = []
+    size = 0
+    for seg in segments:
+        cur.append(seg)
+        size += seg.size
+        if size >= unit_bytes:
+            units.append(InputUnit(len(units), tuple(cur)))
+            cur, size = [], 0
+    if cur:
+        units.append(InputUnit(len(units), tuple(cur)))
+    return units
+
+
+def plan_memory(data: object, opts: ReadOptions, source: str | None = None
+                ) -> tuple[list[Segment], list[dict], dict[str, list[Document]]]:
+    """Validate an in-memory input (it is in memory already) -> (segments of one document each, its source
+    entry, {label: Documents}).
 
     data: a pyarrow Table or RecordBatch, a pandas DataFrame, or an iterable of mappings (records).
     source: the label stored as each document's source (default "table" or "records"). The source entry's
@@ -355,87 +403,119 @@ def plan_memory(data: object, opts: ReadOptions, existing: dict[str, str] | None
                         f"{type(data).__name__}")
     if not docs:
         raise QascError(f"{label}: empty collection (no records)")
-    refs = [DocRef(doc.doc_id, label, kind, pos + 1 if kind == "records" else pos, pos, 0, len(doc.text))
-            for pos, doc in enumerate(docs)]
-    _check_unique(refs, existing or {}, {})
+    seen: dict[str, str] = {}
+    for doc in docs:
+        if doc.doc_id in seen:
+            raise QascError(f"duplicate doc_id {doc.doc_id!r}: {seen[doc.doc_id]} and {doc.source}")
+        seen[doc.doc_id] = doc.source
     digest = hashlib.sha256()
     for doc in docs:
         digest.update(json.dumps([doc.doc_id, doc.text, doc.metadata], ensure_ascii=False, sort_keys=True,
                                  default=str).encode() + b"\n")
     source_entry = {"path": label, "kind": kind, "sha256": digest.hexdigest(),
                     "bytes": sum(len(d.text.encode("utf-8", "surrogatepass")) for d in docs)}
-    return refs, [source_entry], {label: docs}
+    segments = [Segment(label, kind, pos, pos + 1, 0, len(doc.text), False) for pos, doc in enumerate(docs)]
+    return segments, [source_entry], {label: docs}
 
 
-def assign_shards(refs: Sequence[DocRef], shard_chars: int, first_id: int = 0) -> list[ShardTask]:
-    """Documents in order -> shards of about shard_chars characters (a larger document is a shard alone)."""
-    shards: list[ShardTask] = []
-    cur: list[DocRef] = []
-    size = 0
-    for ref in refs:
-        cur.append(ref)
-        size += ref.chars
-        if size >= shard_chars:
-            shards.append(ShardTask(first_id + len(shards), tuple(cur)))
-            cur, size = [], 0
-    if cur:
-        shards.append(ShardTask(first_id + len(shards), tuple(cur)))
-    return shards
+def _check_unchanged(seg: Segment) -> None:
+    try:
+        st = os.stat(seg.path)
+    except OSError as exc:
+        raise QascError(f"{seg.path}: cannot read ({exc.strerror or exc})") from None
+    if (st.st_size, st.st_mtime_ns) != (seg.file_bytes, seg.mtime_ns):
+        raise QascError(f"{seg.path}: changed since the ingest was planned; run it again")
 
 
-def _parquet_rows(path: str, first: int, last: int) -> pa.Table:
-    """Rows first..last (inclusive) of a Parquet file, reading only the row groups that hold them."""
-    pf = _parquet_file(path, path)
-    groups, start, offset = [], 0, None
-    for g in range(pf.num_row_groups):
+def _jsonl_documents(seg: Segment, opts: ReadOptions) -> Iterator[Document]:
+    try:
+        with open(seg.path, "rb") as fh:
+            fh.seek(seg.start)
+            pos, lineno = seg.start, seg.row
+            for line in fh:
+                if pos >= seg.end:
+                    break
+                pos += len(line)
+                body = line[:-1] if line.endswith(b"\n") else line
+                if body.strip():
+                    where = f"{seg.path}:{lineno}"
+                    record = _parse_json_line(body, where, opts)
+                    text = _check_text(record[opts.text_field], where, opts.text_field)
+                    yield Document(_doc_id(record[opts.id_field], where, opts.id_field), text,
+                                   _metadata(record, opts), where)
+                lineno += 1
+    except OSError as exc:
+        raise QascError(f"{seg.path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _parquet_documents(seg: Segment, opts: ReadOptions) -> Iterator[Document]:
+    pf = _parquet_file(seg.path, seg.path)
+    groups, base, row = [], 0, None
+    for g in range(pf.metadata.num_row_groups):
         n = pf.metadata.row_group(g).num_rows
-        if start + n > first and start <= last:
+        if base + n > seg.start and base < seg.end:
             groups.append(g)
-            offset = start if offset is None else offset
-        start += n
-    table = pf.read_row_groups(groups)
-    return table.slice(first - (offset or 0), last - first + 1)
+            row = base if row is None else row
+        base += n
+    row = row or 0
+    try:
+        for batch in pf.iter_batches(batch_size=PARQUET_BATCH, row_groups=groups):
+            lo, hi = max(seg.start - row, 0), min(seg.end - row, batch.num_rows)
+            if lo < hi:
+                for i, record in enumerate(batch.slice(lo, hi - lo).to_pylist(), start=row + lo):
+                    where = f"{seg.path}#row{i}"
+                    if record[opts.id_field] is None:
+                        raise QascError(f"{where}: missing {opts.id_field!r}")
+                    text = _check_text(record[opts.text_field], where, opts.text_field)
+                    yield Document(_doc_id(record[opts.id_field], where, opts.id_field), text,
+                                   _metadata(record, opts), where)
+            row += batch.num_rows
+            if row >= seg.end:
+                break
+    except (pa.ArrowException, KeyError) as exc:
+        raise QascError(f"{seg.path}: corrupt Parquet file ({first_line(exc)})") from None
 
 
-def _metadata(record: dict, opts: ReadOptions) -> dict:
-    return {k: v for k, v in record.items() if k not in (opts.id_field, opts.text_field)}
-
-
-def read_shard(refs: Sequence[DocRef], opts: ReadOptions,
-               memory: Mapping[str, Sequence[Document]] | None = None) -> list[Document]:
-    """Stage read: DocRefs -> Documents (text, metadata, source), checked against the plan.
+def read_segment(seg: Segment, opts: ReadOptions,
+                 memory: Mapping[str, Sequence[Document]] | None = None) -> Iterator[Document]:
+    """Stage read of one segment: its Documents (text, metadata, source), each validated, streamed.
 
     memory: the in-memory inputs' Documents by source label (what `plan_memory` returned)."""
-    docs: list[Document] = []
-    for path, group in itertools.groupby(refs, key=lambda r: r.path):
-        group = list(group)
-        kind = group[0].kind
-        if kind in MEMORY_KINDS:
-            held = (memory or {}).get(path)
-            if held is None:
-                raise QascError(f"{group[0].where()}: in-memory input {path!r} is not available here")
-            docs.extend(held[ref.offset] for ref in group)
-        elif kind == "text":
-            for ref in group:
-                docs.append(Document(ref.doc_id, decode_text(_read_bytes(path), path, opts), {}, path))
-        elif kind == "jsonl":
-            try:
-                with open(path, "rb") as fh:
-                    for ref in group:
-                        fh.seek(ref.offset)
-                        record = _parse_json_line(fh.read(ref.length), ref.where(), opts)
-                        docs.append(Document(str(record[opts.id_field]), record[opts.text_field],
-                                             _metadata(record, opts), ref.where()))
-            except OSError as exc:
-                raise QascError(f"{path}: cannot read ({exc.strerror or exc})") from None
-        else:
-            table = _parquet_rows(path, group[0].row, group[-1].row)
-            for ref, record in zip(group, table.to_pylist(), strict=False):
-                docs.append(Document(str(record[opts.id_field]), record[opts.text_field], _metadata(record, opts),
-                                     ref.where()))
-    if len(docs) != len(refs):
-        raise QascError(f"{refs[-1].where()}: changed while the ingest was running; run it again")
-    for ref, doc in zip(refs, docs, strict=True):
-        if doc.doc_id != ref.doc_id or not isinstance(doc.text, str) or len(doc.text) != ref.chars:
-            raise QascError(f"{ref.where()}: changed while the ingest was running; run it again")
-    return docs
+    if seg.kind in MEMORY_KINDS:
+        held = (memory or {}).get(seg.path)
+        if held is None:
+            raise QascError(f"{seg.path}: in-memory input is not available here")
+        yield from held[seg.start:seg.end]
+        return
+    _check_unchanged(seg)
+    if seg.kind == "text":
+        text = decode_text(_read_bytes(seg.path), seg.path, opts)
+        if not text.strip():
+            raise QascError(f"{seg.path}: empty file (no text)")
+        yield Document(seg.doc_id, text, {}, seg.path)
+        return
+    count = 0
+    for doc in _jsonl_documents(seg, opts) if seg.kind == "jsonl" else _parquet_documents(seg, opts):
+        count += 1
+        yield doc
+    if count == 0 and seg.whole:
+        raise QascError(f"{seg.path}: empty collection (no records)")
+
+
+def read_unit(unit: InputUnit, opts: ReadOptions, memory: Mapping[str, Sequence[Document]] | None = None,
+              counts: dict[str, int] | None = None) -> Iterator[Document]:
+    """Stage read of a unit: its Documents in order, validated, doc_ids unique within the unit.
+
+    counts: filled with the documents of each partial .jsonl segment (path -> n; the driver checks that a
+    .jsonl file cut into several segments is not empty as a whole)."""
+    seen: dict[str, str] = {}
+    for seg in unit.segments:
+        n = 0
+        for doc in read_segment(seg, opts, memory):
+            if doc.doc_id in seen:
+                raise QascError(f"duplicate doc_id {doc.doc_id!r}: {seen[doc.doc_id]} and {doc.source}")
+            seen[doc.doc_id] = doc.source
+            n += 1
+            yield doc
+        if counts is not None and seg.kind == "jsonl" and not seg.whole:
+            counts[seg.path] = counts.get(seg.path, 0) + n

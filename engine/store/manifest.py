@@ -1,19 +1,25 @@
 """The manifest (what a committed store is) and the staging area (what a running ingest has finished).
 
 `read_manifest` / `existing_manifest` read a store's manifest; `Staging` keeps the plan of the running
-ingest and one record per finished shard in `_staging/`, so a rerun of the same command resumes;
-`build_manifest` describes the store after a run.
+ingest, the shard files the workers wrote, one record per finished shard and one marker per finished read
+unit in `_staging/`, so a rerun of the same command resumes, and moves the shards into the store at commit;
+`DocIdSet` / `store_doc_ids` hold doc_ids as 8-byte hashes for the uniqueness checks; `build_manifest`
+describes the store after a run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
+import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import numpy as np
 
 from engine.config import EngineConfig
 from engine.errors import QascError, first_line
@@ -25,7 +31,10 @@ from engine.store.schema import (
     LOCK,
     MANIFEST,
     SENTENCES_DIR,
+    STAGED_DOCUMENTS,
+    STAGED_SENTENCES,
     STAGING,
+    shard_name,
 )
 
 
@@ -86,35 +95,82 @@ def existing_manifest(path: str | Path) -> dict | None:
     return None
 
 
-def existing_doc_ids(root: Path, manifest: dict | None) -> dict[str, str]:
-    if not manifest:
-        return {}
-    out: dict[str, str] = {}
-    for shard in manifest["shards"]:
-        table = read_table(root, shard["documents"], columns=["doc_id"])
-        out.update((d, f"{root}/{shard['documents']}") for d in table.column(0).to_pylist())
-    return out
+def id_hashes(ids: Sequence[str]) -> np.ndarray:
+    """doc_ids -> (n,) uint64: the first 8 bytes of each id's blake2b (a match is confirmed against the files)."""
+    return np.array([int.from_bytes(hashlib.blake2b(i.encode("utf-8", "surrogatepass"), digest_size=8).digest(),
+                                    "little") for i in ids], dtype=np.uint64)
+
+
+class DocIdSet:
+    """A set of doc_id hashes in 8 bytes a document: sorted levels merged like a log-structured tree, so
+    `add` and `hits` cost O(log n) per id and the driver never holds the ids themselves."""
+
+    def __init__(self) -> None:
+        self.levels: list[np.ndarray] = []
+
+    def __len__(self) -> int:
+        return sum(len(level) for level in self.levels)
+
+    def hits(self, hashes: np.ndarray) -> np.ndarray:
+        """(n,) uint64 -> (n,) bool: which are (probably) in the set."""
+        out = np.zeros(len(hashes), bool)
+        for level in self.levels:
+            pos = np.minimum(np.searchsorted(level, hashes), len(level) - 1)
+            out |= level[pos] == hashes
+        return out
+
+    def add(self, hashes: np.ndarray) -> None:
+        arr = np.sort(hashes)
+        while self.levels and len(self.levels[-1]) <= len(arr):
+            arr = np.sort(np.concatenate([self.levels.pop(), arr]))
+        if len(arr):
+            self.levels.append(arr)
+
+
+def store_doc_ids(root: Path, manifest: dict | None) -> DocIdSet:
+    """The doc_ids of a committed store as a DocIdSet (read one shard's doc_id column at a time)."""
+    ids = DocIdSet()
+    for shard in manifest["shards"] if manifest else []:
+        ids.add(id_hashes(read_table(root, shard["documents"], columns=["doc_id"]).column(0).to_pylist()))
+    return ids
+
+
+def source_of(root: Path, rel: str, doc_id: str) -> str | None:
+    """The source of doc_id in one documents file of the store (or of _staging), None if it is not there."""
+    table = read_table(root, rel, columns=["doc_id", "source"])
+    for d, source in zip(table.column(0).to_pylist(), table.column(1).to_pylist(), strict=True):
+        if d == doc_id:
+            return source
+    return None
+
+
+def _key(unit: int, index: int) -> str:
+    return f"{unit:06d}-{index:06d}"
 
 
 class Staging:
-    """_staging/: the plan of the running ingest and one record per finished shard (each written atomically)."""
+    """_staging/: the plan of the running ingest, the shard files the workers wrote (documents/, sentences/),
+    one record per finished shard (shards/), one marker per finished read unit (units/), and, once every unit
+    is done, commit.json (which staged file becomes which store shard). Every file is written atomically."""
 
     def __init__(self, root: Path, plan: dict, log: Callable[[str], None]) -> None:
         self.root = root
         self.dir = root / STAGING
         self.shards_dir = self.dir / "shards"
-        self.done: dict[int, dict] = {}
-        self.resumed = False
+        self.units_dir = self.dir / "units"
+        self.done: dict[tuple[int, int], dict] = {}
+        self.units: dict[int, dict] = {}
+        self.placed: dict[str, int] = {}  # record key -> store shard id, once commit.json is written
         old = self._load_plan()
         if old is not None and old.get("hash") != plan["hash"]:
             log(f"qasc ingest: discarding an unfinished ingest of other inputs or settings in {root}")
             self.discard()
         elif old is not None:
             self._load_records(log)
-        self.shards_dir.mkdir(parents=True, exist_ok=True)
-        (root / DOCUMENTS_DIR).mkdir(exist_ok=True)
-        (root / SENTENCES_DIR).mkdir(exist_ok=True)
-        for folder in (root, root / DOCUMENTS_DIR, root / SENTENCES_DIR, self.dir, self.shards_dir):
+        folders = (root, root / DOCUMENTS_DIR, root / SENTENCES_DIR, self.dir, self.shards_dir, self.units_dir,
+                   root / STAGED_DOCUMENTS, root / STAGED_SENTENCES)
+        for folder in folders:
+            folder.mkdir(parents=True, exist_ok=True)
             for tmp in folder.glob(".*.tmp-*"):  # half-written temp files of a killed run
                 tmp.unlink(missing_ok=True)
         atomic_write(self.dir / "plan.json", json.dumps(plan, indent=1).encode())
@@ -125,36 +181,107 @@ class Staging:
         except (OSError, ValueError):
             return None if not self.dir.exists() else {}
 
+    def _final(self, record: dict, gid: int) -> dict:
+        """A staged record -> the same shard renamed into the store as shard gid."""
+        names = {rel: f"{rel.split('/')[1]}/{shard_name(gid)}" for rel in (record["documents"], record["sentences"])}
+        return {**record, "id": gid, "documents": names[record["documents"]], "sentences": names[record["sentences"]],
+                "checksums": {names[rel]: digest for rel, digest in record["checksums"].items()}}
+
+    def _intact(self, checksums: dict) -> bool:
+        try:
+            return all(file_digest(self.root / rel) == digest for rel, digest in checksums.items())
+        except OSError:
+            return False
+
     def _load_records(self, log: Callable[[str], None]) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            self.placed = json.loads((self.dir / "commit.json").read_text())
         for path in sorted(self.shards_dir.glob("*.json")):
             try:
                 record = json.loads(path.read_text())
-                ok = all(file_digest(self.root / rel) == digest for rel, digest in record["checksums"].items())
+                key = _key(record["unit"], record["index"])
+                ok = self._intact(record["checksums"])
+                if not ok and key in self.placed:  # renamed into the store by a commit that did not finish
+                    ok = self._intact(self._final(record, self.placed[key])["checksums"])
             except (OSError, ValueError, KeyError):
                 ok = False
             if ok:
-                self.done[int(record["id"])] = record
+                self.done[(int(record["unit"]), int(record["index"]))] = record
             else:
                 path.unlink(missing_ok=True)
+        for path in sorted(self.units_dir.glob("*.json")):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                summary = json.loads(path.read_text())
+                u = int(summary["unit"])
+                if all((u, k) in self.done for k in range(summary["shards"])):
+                    self.units[u] = summary
         if self.done:
-            self.resumed = True
             log(f"qasc ingest: resuming, {len(self.done)} finished shard(s) kept from an earlier run")
 
+    def documents_file(self, record: dict) -> str:
+        """Where a record's documents file is now: staged, or renamed into the store by an unfinished commit."""
+        key = _key(record["unit"], record["index"])
+        if not (self.root / record["documents"]).exists() and key in self.placed:
+            return self._final(record, self.placed[key])["documents"]
+        return record["documents"]
+
     def record(self, record: dict) -> None:
-        atomic_write(self.shards_dir / f"{record['id']:06d}.json", json.dumps(record).encode())
-        self.done[int(record["id"])] = record
+        atomic_write(self.shards_dir / f"{_key(record['unit'], record['index'])}.json", json.dumps(record).encode())
+        self.done[(int(record["unit"]), int(record["index"]))] = record
         failpoint("shard-written")
 
+    def unit_done(self, summary: dict) -> None:
+        atomic_write(self.units_dir / f"{summary['unit']:06d}.json", json.dumps(summary).encode())
+        self.units[int(summary["unit"])] = summary
+
+    def commit(self, first_id: int) -> list[dict]:
+        """Every staged shard renamed into documents/ and sentences/ as shards first_id, first_id + 1, ... in
+        (unit, index) order -> their records with the store's names. commit.json is written first, so a
+        rerun after a crash here finds the renamed files."""
+        order = sorted(self.done)
+        self.placed = {_key(*key): first_id + i for i, key in enumerate(order)}
+        atomic_write(self.dir / "commit.json", json.dumps(self.placed).encode())
+        out = []
+        for key in order:
+            record = self.done[key]
+            final = self._final(record, self.placed[_key(*key)])
+            for rel in (record["documents"], record["sentences"]):
+                if (self.root / rel).exists():
+                    os.replace(self.root / rel, self.root / self._renamed(rel, final))
+            out.append(final)
+        for folder in (DOCUMENTS_DIR, SENTENCES_DIR):
+            fd = os.open(self.root / folder, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        failpoint("shards-placed")
+        return out
+
+    @staticmethod
+    def _renamed(rel: str, final: dict) -> str:
+        return final["documents"] if rel.startswith(STAGED_DOCUMENTS + "/") else final["sentences"]
+
     def discard(self) -> None:
-        """Removes the staged shard files and the staging folder (the committed store is untouched)."""
+        """Removes the staged shard files (also those a crashed commit had renamed into the store) and the
+        staging folder; the committed store is untouched."""
+        with contextlib.suppress(OSError, ValueError):
+            self.placed = self.placed or json.loads((self.dir / "commit.json").read_text())
+        records = list(self.done.values())
         for path in self.shards_dir.glob("*.json") if self.shards_dir.exists() else []:
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                for rel in json.loads(path.read_text())["checksums"]:
+            with contextlib.suppress(OSError, ValueError):
+                records.append(json.loads(path.read_text()))
+        for record in records:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                rels = list(record["checksums"])
+                key = _key(record["unit"], record["index"])
+                if key in self.placed:
+                    rels += list(self._final(record, self.placed[key])["checksums"])
+                for rel in rels:
                     (self.root / rel).unlink(missing_ok=True)
-        for record in self.done.values():
-            for rel in record["checksums"]:
-                (self.root / rel).unlink(missing_ok=True)
         self.done.clear()
+        self.units.clear()
+        self.placed = {}
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def finish(self) -> None:

@@ -14,7 +14,9 @@ def log_stderr(msg: str) -> None:
 
 
 class IngestProgress:
-    """The progress callback of `ingest`: start(), split(), advance(), shard_done(), close().
+    """The progress callback of `ingest`: start(), split(), advance(), shard_done(), finish(), close().
+
+    start() gets the input size in bytes and an estimate of the shard count (shards are cut by the workers).
 
     bar: True / False forces the bar / the log lines; None (default) shows the bar on a TTY only.
     """
@@ -23,6 +25,8 @@ class IngestProgress:
         self.want_bar = bar
         self.log = log or log_stderr
         self.bar = None
+        self.use_bar = False
+        self.logged: tuple[int, int] | None = None
 
     def start(self, total_chars: int, shards: int, done_chars: int, done_shards: int) -> None:
         self.total_chars, self.shards = max(total_chars, 1), shards
@@ -30,11 +34,17 @@ class IngestProgress:
         self.split_chars = self.split_sents = 0
         self.sentences = self.chars_here = 0
         self.t0 = self.last = time.perf_counter()
-        if self.want_bar if self.want_bar is not None else sys.stderr.isatty():
+        self.use_bar = self.want_bar if self.want_bar is not None else sys.stderr.isatty()
+
+    def _bar(self):
+        """The bar, drawn once the first shard is split (a bad input found while reading it prints only its
+        error line)."""
+        if self.bar is None and self.use_bar:
             from tqdm import tqdm
 
             self.bar = tqdm(total=self._estimate(), unit="sent", desc="qasc ingest", file=sys.stderr,
                             dynamic_ncols=True, smoothing=0.05)
+        return self.bar
 
     def _estimate(self) -> int:
         per_char = self.split_sents / self.split_chars if self.split_chars else 1 / 120
@@ -43,29 +53,40 @@ class IngestProgress:
     def split(self, chars: int, sentences: int) -> None:
         self.split_chars += chars
         self.split_sents += sentences
-        if self.bar is not None:
+        if self._bar() is not None:
             self.bar.total = max(self._estimate(), self.bar.n)
             self.bar.refresh()
 
     def advance(self, n: int) -> None:
-        if self.bar is not None:
+        if self._bar() is not None:
             self.bar.update(n)
 
     def shard_done(self, chars: int, sentences: int, embedded_here: bool) -> None:
         self.done_shards += 1
         self.sentences += sentences
         self.chars_here += chars
-        if self.bar is not None:
+        if self._bar() is not None:
             if not embedded_here:
                 self.bar.update(sentences)
             return
         now = time.perf_counter()
-        if now - self.last >= LOG_EVERY_S or self.done_shards == self.shards:
+        if now - self.last >= LOG_EVERY_S:
             self.last = now
-            elapsed = max(now - self.t0, 1e-9)
+            self._line(max(self.shards, self.done_shards), now)
+
+    def _line(self, shards: int, now: float, eta: float | None = None) -> None:
+        elapsed = max(now - self.t0, 1e-9)
+        if eta is None:
             eta = elapsed * (self.total_chars - self.done_chars - self.chars_here) / max(self.chars_here, 1)
-            self.log(f"qasc ingest: shard {self.done_shards}/{self.shards}, {self.sentences} sentences, "
-                     f"{self.sentences / elapsed:.1f} sentences/s, eta {max(eta, 0):.0f} s")
+        self.logged = (self.done_shards, shards)
+        self.log(f"qasc ingest: shard {self.done_shards}/{shards}, {self.sentences} sentences, "
+                 f"{self.sentences / elapsed:.1f} sentences/s, eta {max(eta, 0):.0f} s")
+
+    def finish(self, shards: int) -> None:
+        """Every unit is done: the shard count is now known (start() had an estimate); the last log line."""
+        self.shards = shards
+        if not self.use_bar and self.sentences and self.logged != (self.done_shards, shards):
+            self._line(shards, time.perf_counter(), eta=0.0)
 
     def close(self) -> None:
         if self.bar is not None:

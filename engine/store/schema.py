@@ -6,7 +6,9 @@ A store is one folder (README, "Store format"):
     sentences/part-NNNNNN.parquet  sentences_schema(dim, dtype): doc_id, sentence, paragraph, section,
                                    char_start, char_end, n_tokens, embedding fixed_size_list<float32|float16>[dim]
     index-GGGG.faiss               FAISS index over every sentence row (id = global row), generation GGGG
-    _staging/                      only while an ingest runs or after it crashed: plan.json, shards/NNNNNN.json
+    _staging/                      only while an ingest runs or after it crashed: plan.json, the workers' shard
+                                   files (documents/, sentences/ uUUUUUU-sKKKKKK.parquet), shards/UUUUUU-KKKKKK.json,
+                                   units/UUUUUU.json, commit.json (staged file -> store shard id)
 """
 
 from __future__ import annotations
@@ -79,3 +81,12 @@ def embeddings_of(table: pa.Table, dim: int, where: str, dtype: str | None = "fl
     arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
     flat = arr.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
     return flat if dtype is None else flat.astype(dtype, copy=False)
+
+
+STAGED_DOCUMENTS = f"{STAGING}/{DOCUMENTS_DIR}"  # a running ingest's shard files, renamed into place at commit
+STAGED_SENTENCES = f"{STAGING}/{SENTENCES_DIR}"
+
+
+def staged_name(unit_id: int, k: int) -> str:
+    """File name of the k-th shard of a read unit while it is staged."""
+    return f"u{unit_id:06d}-s{k:06d}.parquet"

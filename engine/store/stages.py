@@ -1,15 +1,17 @@
-"""Ingest stages of one shard: split (sentences, token cap) -> embed -> write, and the in-process runner.
+"""Ingest stages of one read unit: read (validate) -> cut into shards -> split (sentences, token cap) -> embed
+-> write (atomic, into _staging/), and the in-process runner.
 
-`LocalRunner` runs read -> split -> embed for each shard in this process and hands the result to the
-writer; the Ray Data pipeline of `jobs/ingest_ray.py` is another runner with the same `run` and calls the
-same stage functions on its workers.
+A worker does all of it for the units it is given and hands back only small records (file names, digests,
+counts, doc_ids): the driver never holds a shard's text or embeddings. `LocalRunner` runs the stages in this
+process, freeing each shard once it is written; the Ray Data pipeline of `jobs/ingest_ray.py` is another
+runner with the same `run` and calls the same stage functions on its workers.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -20,32 +22,58 @@ import pyarrow as pa
 from engine.config import EngineConfig
 from engine.errors import QascError
 from engine.splitter import SplitterConfig, split_sentences
-from engine.store.files import atomic_parquet, file_digest
-from engine.store.inputs import Document, ReadOptions, ShardTask, read_shard
+from engine.store.files import ResumableError, atomic_parquet, file_digest
+from engine.store.inputs import Document, InputUnit, ReadOptions, read_unit
 from engine.store.schema import (
     DOCUMENT_ROW_GROUP,
-    DOCUMENTS_DIR,
     DOCUMENTS_SCHEMA,
     SENTENCE_ROW_GROUP,
-    SENTENCES_DIR,
+    STAGED_DOCUMENTS,
+    STAGED_SENTENCES,
     sentences_schema,
-    shard_name,
+    staged_name,
 )
 from engine.tokencap import cap_tokens
 from engine.types import Sentences
 
-OnShard = Callable[[ShardTask, list[Document], list[Sentences], np.ndarray], None]
+OnRecord = Callable[[dict], None]
 
 
 @dataclass(frozen=True)
 class IngestContext:
-    """Everything a worker needs to read, split and embed a shard (pickled into Ray tasks and actors)."""
+    """Everything a worker needs to read, split, embed and write a unit's shards (pickled into Ray tasks and
+    actors). root: the store folder (workers write into its _staging/; on a cluster, a path every node sees)."""
 
     config: EngineConfig
     read: ReadOptions
     max_sentence_tokens: int
+    root: str
+    dtype: str  # store dtype of the embeddings
+    shard_chars: int
+    first_shard: int  # global id of unit 0's first shard (the store's shard count before this ingest)
     # in-memory inputs (engine.store.ingest_table): their Documents by source label; empty for files
     memory: Mapping[str, Sequence[Document]] = field(default_factory=dict, compare=False, repr=False)
+
+
+def unit_shards(unit: InputUnit, ctx: IngestContext, counts: dict[str, int] | None = None
+                ) -> Iterator[tuple[int, list[Document]]]:
+    """Stage read + cut: a unit's documents -> (k, documents of its k-th shard); a shard closes once it holds
+    ctx.shard_chars characters (a larger document is a shard alone)."""
+    cur: list[Document] = []
+    size = k = 0
+    for doc in read_unit(unit, ctx.read, ctx.memory, counts):
+        cur.append(doc)
+        size += len(doc.text)
+        if size >= ctx.shard_chars:
+            yield k, cur
+            cur, size, k = [], 0, k + 1
+    if cur:
+        yield k, cur
+
+
+def shard_label(ctx: IngestContext, unit_id: int, k: int) -> str:
+    """How messages name a shard: its store id where that is known before the earlier units finish (unit 0)."""
+    return str(ctx.first_shard + k) if unit_id == 0 else f"{k} of unit {unit_id}"
 
 
 def split_document(doc: Document, splitter: SplitterConfig, tokenizer, max_tokens: int) -> Sentences:
@@ -60,11 +88,11 @@ def split_shard(docs: Sequence[Document], ctx: IngestContext, tokenizer) -> list
     return [split_document(d, ctx.config.splitter, tokenizer, ctx.max_sentence_tokens) for d in docs]
 
 
-def embed_shard(sents: Sequence[Sentences], embedder, shard_id: int,
+def embed_shard(sents: Sequence[Sentences], embedder, label: str,
                 progress: Callable[[int], None] | None = None) -> np.ndarray:
     """Stage embed: every sentence of a shard in one length-sorted encode -> (N, dim) float32, finite."""
     texts = [t for s in sents for t in s.texts()]
-    where = f"shard {shard_id} (documents {sents[0].doc_id!r} .. {sents[-1].doc_id!r})"
+    where = f"shard {label} (documents {sents[0].doc_id!r} .. {sents[-1].doc_id!r})"
     try:
         emb = embedder.encode(texts, progress=progress)
     except ValueError as exc:
@@ -102,20 +130,29 @@ def shard_tables(docs: Sequence[Document], sents: Sequence[Sentences], emb: np.n
     return documents, sentences
 
 
-def write_shard(root: Path, shard_id: int, docs: Sequence[Document], sents: Sequence[Sentences],
-                emb: np.ndarray, dtype: str) -> dict:
-    """Stage write: both Parquet files of a shard, each atomically -> the shard's record (names, counts, sums)."""
+def write_shard(ctx: IngestContext, unit_id: int, k: int, docs: Sequence[Document], sents: Sequence[Sentences],
+                emb: np.ndarray) -> dict:
+    """Stage write: both Parquet files of a shard into _staging/, each atomically -> the shard's record (names,
+    counts, digests, doc_ids). The driver renames them into documents/ and sentences/ when it commits."""
+    label = shard_label(ctx, unit_id, k)
     if len(emb) != sum(len(s) for s in sents):
-        raise QascError(f"shard {shard_id}: {len(emb)} embeddings for {sum(len(s) for s in sents)} sentences")
+        raise QascError(f"shard {label}: {len(emb)} embeddings for {sum(len(s) for s in sents)} sentences")
     if not np.isfinite(emb).all():
-        raise QascError(f"shard {shard_id}: NaN/inf embeddings; refusing to store them")
-    documents, sentences = shard_tables(docs, sents, emb, dtype)
-    record = {"id": shard_id, "documents": f"{DOCUMENTS_DIR}/{shard_name(shard_id)}",
-              "sentences": f"{SENTENCES_DIR}/{shard_name(shard_id)}", "n_documents": len(docs),
-              "n_sentences": len(emb), "dim": int(emb.shape[1]), "chars": sum(len(d.text) for d in docs)}
-    atomic_parquet(documents, root / record["documents"], DOCUMENT_ROW_GROUP)
-    atomic_parquet(sentences, root / record["sentences"], SENTENCE_ROW_GROUP)
-    record["checksums"] = {rel: file_digest(root / rel) for rel in (record["documents"], record["sentences"])}
+        raise QascError(f"shard {label}: NaN/inf embeddings; refusing to store them")
+    root = Path(ctx.root)
+    documents, sentences = shard_tables(docs, sents, emb, ctx.dtype)
+    name = staged_name(unit_id, k)
+    record = {"unit": unit_id, "index": k, "documents": f"{STAGED_DOCUMENTS}/{name}",
+              "sentences": f"{STAGED_SENTENCES}/{name}", "n_documents": len(docs), "n_sentences": len(emb),
+              "dim": int(emb.shape[1]), "chars": sum(len(d.text) for d in docs)}
+    try:
+        atomic_parquet(documents, root / record["documents"], DOCUMENT_ROW_GROUP)
+        atomic_parquet(sentences, root / record["sentences"], SENTENCE_ROW_GROUP)
+        record["checksums"] = {rel: file_digest(root / rel) for rel in (record["documents"], record["sentences"])}
+    except OSError as exc:
+        raise ResumableError(f"cannot write shard {label} into {root}: {exc.strerror or exc}; finished shards "
+                             f"are kept, run the same ingest again to resume") from None
+    record["doc_ids"] = [d.doc_id for d in docs]
     return record
 
 
@@ -128,8 +165,11 @@ class StageProgress(Protocol):
 
 
 class ShardRunner(Protocol):
-    """Runs read -> split -> embed over shards and calls on_shard(task, docs, sents, emb (N, dim)) per shard.
+    """Runs read -> split -> embed -> write over units; calls on_shard(record) per written shard (the
+    record of `write_shard`: names, counts, digests, doc_ids; never text or embeddings) and on_unit(summary)
+    per finished unit ({"unit", "shards", "jsonl_counts"}).
 
+    done: unit_id -> indices of its shards already staged (skipped: read and checked, not embedded again).
     `session()` is entered before anything is written (a runner that cannot start writes nothing);
     `mode` and `workers` are recorded in the manifest's run entry.
     """
@@ -139,12 +179,13 @@ class ShardRunner(Protocol):
 
     def session(self) -> contextlib.AbstractContextManager: ...
 
-    def run(self, tasks: Sequence[ShardTask], ctx: IngestContext, on_shard: OnShard,
-            progress: StageProgress) -> None: ...
+    def run(self, units: Sequence[InputUnit], ctx: IngestContext, done: Mapping[int, Collection[int]],
+            on_shard: OnRecord, on_unit: OnRecord, progress: StageProgress) -> None: ...
 
 
 class LocalRunner:
-    """The in-process runner: one embedder, shards one after the other."""
+    """The in-process runner: one embedder, units and their shards one after the other, each shard freed
+    once written."""
 
     mode = "local"
     workers = 1
@@ -155,11 +196,20 @@ class LocalRunner:
     def session(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
-    def run(self, tasks: Sequence[ShardTask], ctx: IngestContext, on_shard: OnShard,
-            progress: StageProgress) -> None:
+    def run(self, units: Sequence[InputUnit], ctx: IngestContext, done: Mapping[int, Collection[int]],
+            on_shard: OnRecord, on_unit: OnRecord, progress: StageProgress) -> None:
         tokenizer = self.embedder.tokenizer
-        for task in tasks:
-            docs = read_shard(task.docs, ctx.read, ctx.memory)
-            sents = split_shard(docs, ctx, tokenizer)
-            progress.split(task.chars, sum(len(s) for s in sents))
-            on_shard(task, docs, sents, embed_shard(sents, self.embedder, task.shard_id, progress.advance))
+        for unit in units:
+            skip = done.get(unit.unit_id, ())
+            counts: dict[str, int] = {}
+            n = 0
+            for k, docs in unit_shards(unit, ctx, counts):
+                n = k + 1
+                if k in skip:
+                    continue
+                sents = split_shard(docs, ctx, tokenizer)
+                progress.split(sum(len(d.text) for d in docs), sum(len(s) for s in sents))
+                emb = embed_shard(sents, self.embedder, shard_label(ctx, unit.unit_id, k), progress.advance)
+                on_shard(write_shard(ctx, unit.unit_id, k, docs, sents, emb))
+                del docs, sents, emb
+            on_unit({"unit": unit.unit_id, "shards": n, "jsonl_counts": counts})

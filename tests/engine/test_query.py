@@ -73,6 +73,25 @@ def test_batch_equals_one_at_a_time(demo_engine, params):
         np.testing.assert_allclose([c.score for c in alone], [c.score for c in got], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("params", SETTINGS)
+def test_assembly_equals_reference(demo_engine, params):
+    """Engine.query_embedded's chunks (vectorized assembly) are those of the per-chunk loop twin."""
+    import torch
+
+    from engine.assemble import assemble_chunks_reference
+
+    emb = demo_engine.embed_queries(QUESTIONS)
+    retrieval = RetrievalConfig(depth=6, neighbourhood=3)
+    batch, cand = demo_engine.run_batch(emb, params, retrieval)
+    rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
+    docs = demo_engine.store.docs
+    doc_of = torch.as_tensor(np.repeat(np.arange(len(docs)), [len(d) for d in docs]))
+    sent_of = torch.as_tensor(np.concatenate([np.arange(len(d)) for d in docs]))
+    want = assemble_chunks_reference(batch, docs, doc_of[rows], sent_of[rows])
+    assert any(want)
+    assert demo_engine.query_embedded(emb, params, retrieval) == want
+
+
 def test_answers_the_obvious(demo_engine):
     results = demo_engine.query(["Who introduced the lens of concentric prisms in 1822?"])
     assert "Fresnel" in results[0][0].text

@@ -51,6 +51,7 @@ def test_cli_query_jsonl_and_parquet(demo_store, tmp_path, capsys):
         (["--radius", "-1"], "radius"),
         (["--depth", "0"], "depth"),
         (["--question", "   "], "empty"),
+        (["--out", "answers.csv"], ".jsonl or .parquet"),
     ],
 )
 def test_cli_query_rejects_bad_parameters(demo_store, tmp_path, capsys, argv, message):
@@ -75,14 +76,19 @@ def test_cli_query_rejects_bad_queries_file(demo_store, tmp_path, capsys):
 
 
 def test_ray_query_job_equals_local(demo_store, ray_session):
+    """The Ray job's batches, in the order they are yielded, are the local path's rows (Ray Data keeps the
+    shards' order: no sort on the driver)."""
     from engine.query import Engine
     from jobs.query_ray import run_query_job
-    from jobs.results import result_rows
+    from jobs.results import result_rows, results_schema
 
     params, retrieval = QascParams(top_k=2, radius=1), RetrievalConfig(depth=6, neighbourhood=2)
     ids = [f"q{i}" for i in range(len(QUESTIONS))]
     local = result_rows(ids, Engine.open(str(demo_store), device="cpu").query(QUESTIONS, params, retrieval))
-    remote = run_query_job(str(demo_store), ids, QUESTIONS, params, retrieval, workers=2, device="cpu", shard_size=2)
+    batches = list(run_query_job(str(demo_store), ids, QUESTIONS, params, retrieval, workers=2, device="cpu",
+                                 shard_size=2))
+    assert all(b.schema.equals(results_schema()) for b in batches)
+    remote = [r for b in batches for r in b.to_pylist()]
     assert [{k: v for k, v in r.items() if k != "score"} for r in remote] == [
         {k: v for k, v in r.items() if k != "score"} for r in local
     ]
@@ -91,12 +97,32 @@ def test_ray_query_job_equals_local(demo_store, ray_session):
 
 def test_rows_round_trip_to_chunks(demo_store):
     from engine.query import Engine
-    from jobs.results import result_rows, row_from_record, rows_to_chunks, rows_to_columns
+    from jobs.results import result_rows, rows_to_chunks, to_table
 
     ids = [f"q{i}" for i in range(len(QUESTIONS))]
     results = Engine.open(str(demo_store), device="cpu").query(QUESTIONS, QascParams(top_k=2))
     rows = result_rows(ids, results)
     assert rows_to_chunks(ids, rows) == results
-    columns = rows_to_columns(rows)
-    again = [row_from_record({k: columns[k][i] for k in columns}) for i in range(len(rows))]
-    assert again == rows
+    assert to_table(results, ids).to_pylist() == rows
+    assert rows_to_chunks(ids, to_table(results, ids).to_pylist()) == results
+
+
+def test_cli_out_streams_slices(demo_store, tmp_path):
+    """--out with a small --batch-size (many slices, each embedded and written as it finishes) gives the rows
+    of one big slice."""
+    import pyarrow.parquet as pq
+
+    from jobs.cli import main
+
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("".join(json.dumps({"id": f"x{i}", "question": q}) + "\n" for i, q in enumerate(QUESTIONS)))
+    outs = []
+    for size in (2, 64):
+        out = tmp_path / f"r{size}.parquet"
+        assert main(["query", "--store", str(demo_store), "--queries", str(queries), "--out", str(out),
+                     "--batch-size", str(size), "--top-k", "3"]) == 0
+        outs.append(pq.read_table(out).to_pylist())
+    assert outs[0] and [r["query_id"] for r in outs[0]] == sorted(r["query_id"] for r in outs[0])
+    drop = lambda rows: [{k: v for k, v in r.items() if k != "score"} for r in rows]  # noqa: E731
+    assert drop(outs[0]) == drop(outs[1])
+    np.testing.assert_allclose([r["score"] for r in outs[0]], [r["score"] for r in outs[1]], rtol=1e-5, atol=1e-6)

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kernels
+import kernels.extents
 import kernels.reference as ref
 from kernels.params import BLOCK_RULES, EXTENT_RULES, SCORE_RULES, SNAP_RULES, QascParams
 from kernels.pipeline import run_qasc
@@ -252,6 +253,24 @@ def test_percentile_seeds(data: st.DataObject) -> None:
     for f, s in zip(fast, slow, strict=True):
         assert_same(f, s)
     assert not bool((fast[1] & ~b["valid"]).any())
+
+
+@SETTINGS
+@given(data=st.data())
+def test_top_ranked_equals_sorted_ranks(data: st.DataObject) -> None:
+    """top_ranked (a top-k and tie counting) against the stable sort it replaces, -inf and NaN similarities too."""
+    from kernels.seeding import similarity_ranks, top_ranked
+
+    b = data.draw(batches())
+    sims = b["sims"].clone()
+    q, length = sims.shape
+    odd = data.draw(st.lists(st.sampled_from([None, float("-inf"), float("nan")]), min_size=q * length,
+                             max_size=q * length))
+    for i, v in enumerate(odd):
+        if v is not None and data.draw(st.integers(0, 3)) == 0:
+            sims.view(-1)[i] = v
+    k = data.draw(st.integers(0, length + 1))
+    assert torch.equal(top_ranked(sims, b["valid"], k), similarity_ranks(sims, b["valid"]) < k)
 
 
 # --------------------------------------------------------------------------------------------------- windows
@@ -499,6 +518,34 @@ def test_pick_extents(data: st.DataObject) -> None:
 
 
 @SETTINGS
+@given(data=st.data(), scan_max=st.sampled_from([0, 1, 2, 5]))
+def test_pick_extents_scan_and_steps_agree(data: st.DataObject, scan_max: int) -> None:
+    """pick_extents decides a row by one scan when few candidates lie within the margin, else one pick per step:
+    with the scan bound lowered, every mix of the two paths still equals the reference (ties are common)."""
+    q = data.draw(st.integers(1, 5))
+    length = data.draw(st.integers(1, 16))
+    m = data.draw(st.integers(1, 4))
+    cells = data.draw(st.lists(st.sampled_from([0.0, 0.125, 0.25, 1.0, float("-inf")]), min_size=q * length * m,
+                               max_size=q * length * m))
+    scores = torch.tensor(cells, dtype=F64).reshape(q, length, m)
+    sizes = None
+    if data.draw(st.booleans()):
+        cells = data.draw(st.lists(st.integers(0, 9), min_size=q * length * m, max_size=q * length * m))
+        sizes = torch.tensor(cells, dtype=torch.long).reshape(q, length, m)
+    max_picks = data.draw(st.integers(1, 8))
+    margin = data.draw(st.sampled_from([0.0, 0.125, 0.25, 2.0, float("inf")]))
+    slow = ref.pick_extents(scores, max_picks, margin, sizes)
+    saved = kernels.extents.SCAN_MAX
+    try:
+        kernels.extents.SCAN_MAX = scan_max
+        fast = kernels.pick_extents(scores, max_picks, margin, sizes)
+    finally:
+        kernels.extents.SCAN_MAX = saved
+    for f, s in zip(fast, slow, strict=True):
+        assert_same(f, s)
+
+
+@SETTINGS
 @given(data=st.data())
 def test_block_stats(data: st.DataObject) -> None:
     n = data.draw(st.integers(0, 12))
@@ -581,6 +628,19 @@ def test_pipeline_reference_matches_fast(b: dict[str, torch.Tensor], params: Qas
         assert_same(getattr(fast, name), getattr(slow, name))
     for name in ("score", "tau"):
         assert_same(getattr(fast, name), getattr(slow, name))
+
+
+@budget(100)
+@given(b=batches(max_l=40), name=st.sampled_from(["default", "blocks-both", "pooled-focus", "no-margin"]))
+def test_pipeline_shipped_settings_match_reference(b: dict[str, torch.Tensor], name: str) -> None:
+    """The shipped default (whole sections, length bonus, far chunks) and its neighbours, fast vs reference:
+    random params rarely land on them, and their paths (scan picks, block slots) are the ones that run."""
+    params = {"default": QascParams(), "blocks-both": QascParams(block_extents="both"),
+              "pooled-focus": QascParams(block_extents="none", length_bonus=0.0, far_margin=None),
+              "no-margin": QascParams(score_margin=None, top_k=None)}[name]
+    fast, slow = run_both(b, params), run_both(b, params, ops=ref)
+    for field in ("start", "end", "tokens", "chosen", "piece", "labels", "kept", "score", "tau"):
+        assert_same(getattr(fast, field), getattr(slow, field))
 
 
 @PIPE_SETTINGS

@@ -1,0 +1,158 @@
+"""Vectorized assembly (engine/assemble.py) against its per-chunk loop twin: random ragged batches (empty and
+one-sentence documents, chunks sharing a piece, seeds outside any chunk), real QASC batches of a synthetic
+store, and the Arrow batches of Engine.query_batches against Engine.query_embedded's chunks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.assemble import RowTable, assemble_chunks, assemble_chunks_reference, assemble_columns
+from engine.columns import RESULT_COLUMNS, results_schema
+from engine.config import RetrievalConfig
+from engine.types import Sentences
+from kernels.params import QascParams
+from kernels.pipeline import QascBatch
+
+
+def _docs(rng: np.random.Generator, n_docs: int) -> list[Sentences]:
+    docs = []
+    for d in range(n_docs):
+        n = int(rng.choice([0, 1, int(rng.integers(2, 7))]))  # empty and one-sentence documents included
+        words = rng.integers(1, 5, size=n)
+        parts, starts, ends, pos = [], [], [], 0
+        for i, w in enumerate(words.tolist()):
+            sentence = " ".join(f"d{d}s{i}w{j}é" for j in range(w)) + "."
+            starts.append(pos)
+            ends.append(pos + len(sentence))
+            parts.append(sentence)
+            pos += len(sentence) + 1
+        arr = lambda x: np.asarray(x, dtype=np.int64)  # noqa: E731
+        docs.append(Sentences(f"doc{d}", " ".join(parts), arr(starts), arr(ends), np.zeros(n, np.int32),
+                              np.zeros(n, np.int32), np.full(n, 3, np.int32)))
+    return docs
+
+
+def _random_batch(rng: np.random.Generator, docs: list[Sentences], q: int, length: int, k: int):
+    """A QascBatch over (q, length) positions whose rows are sorted global rows (chunks stay inside one document)
+    -> (batch, rows (q, length) int64)."""
+    n = sum(len(d) for d in docs)
+    doc_of = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
+    rows = np.sort(rng.integers(0, max(n, 1), size=(q, length)), axis=1) if n else np.zeros((q, 0), np.int64)
+    length = rows.shape[1]
+    start = np.zeros((q, k), np.int64)
+    end = np.zeros((q, k), np.int64)
+    chosen = rng.random((q, k)) < 0.7 if length else np.zeros((q, k), bool)
+    for i in range(q):
+        for j in range(k):
+            if length:
+                s = int(rng.integers(0, length))
+                same = np.flatnonzero(doc_of[rows[i]] == doc_of[rows[i, s]])
+                start[i, j], end[i, j] = s, int(rng.choice(same[same >= s]))
+    t = torch.as_tensor
+    batch = QascBatch(
+        start=t(start), end=t(end), score=t(rng.standard_normal((q, k)).astype(np.float32)),
+        tokens=t(rng.integers(1, 50, size=(q, k))), chosen=t(chosen), piece=t(rng.integers(0, k + 2, size=(q, k))),
+        labels=t(rng.integers(-1, k + 2, size=(q, length))), kept=t(rng.random((q, length)) < 0.4),
+        tau=t(np.zeros(q, np.float32)),
+    )
+    return batch, rows
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(seed=st.integers(0, 2**32 - 1), n_docs=st.integers(0, 5), q=st.integers(0, 4), length=st.integers(1, 9),
+       k=st.integers(0, 4))
+def test_assemble_equals_reference(seed, n_docs, q, length, k):
+    rng = np.random.default_rng(seed)
+    docs = _docs(rng, n_docs)
+    batch, rows = _random_batch(rng, docs, q, length, k)
+    table = RowTable.from_docs(docs)
+    doc_of = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
+    sent_of = np.concatenate([np.arange(len(d)) for d in docs]) if docs else np.zeros(0, np.int64)
+    want = assemble_chunks_reference(batch, docs, torch.as_tensor(doc_of[rows]), torch.as_tensor(sent_of[rows]))
+    assert assemble_chunks(batch, torch.as_tensor(rows), table) == want
+    cols = assemble_columns(batch, rows, table)
+    ids = pa.array([f"q{i}" for i in range(q)], pa.string())
+    got = cols.to_record_batch(ids, table.doc_id_array)
+    assert got.schema.equals(results_schema())
+    expect = [{"query_id": f"q{i}", "rank": r, "doc_id": c.doc_id, "char_start": c.char_start, "char_end": c.char_end,
+               "score": c.score, "text": c.text, "n_tokens": c.n_tokens, "seed_ids": list(c.seed_ids),
+               "sentence_start": c.sentence_start, "sentence_end": c.sentence_end}
+              for i, chunks in enumerate(want) for r, c in enumerate(chunks)]
+    assert got.to_pylist() == expect
+    assert tuple(got.schema.names) == RESULT_COLUMNS
+
+
+@pytest.fixture(scope="module")
+def synthetic_engine():
+    from bench.query import synthetic_engine
+
+    return synthetic_engine(3000, "cpu", "torch", with_model=False)
+
+
+def _queries(engine, n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    base = torch.as_tensor(engine.store.embeddings)[torch.randint(0, engine.n_total, (n,), generator=g)].float()
+    return torch.nn.functional.normalize(base + 0.6 * torch.randn(base.shape, generator=g), dim=1)
+
+
+@pytest.mark.parametrize("params", [
+    QascParams(),
+    QascParams(extent="window"),
+    QascParams(extent="window", merge=False, top_k=None),
+    QascParams(top_k=None, snap="paragraph", max_tokens=60, block_extents="none"),
+    QascParams(extent="window", budget_tokens=120, top_k=None, score="window_mean"),
+])
+def test_engine_batches_equal_reference(synthetic_engine, params):
+    """Real QASC batches (pooled, window, no-merge ablation, snap, budget): assembly == the loop twin."""
+    eng = synthetic_engine
+    batch, cand = eng.run_batch(_queries(eng, 40), params, RetrievalConfig(depth=8, neighbourhood=3))
+    rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
+    docs = eng.store.docs
+    doc_of = torch.as_tensor(np.repeat(np.arange(len(docs)), [len(d) for d in docs]))
+    sent_of = torch.as_tensor(np.concatenate([np.arange(len(d)) for d in docs]))
+    want = assemble_chunks_reference(batch, docs, doc_of[rows], sent_of[rows])
+    assert sum(map(len, want)) > 0
+    assert assemble_chunks(batch, rows, eng.row_table) == want
+
+
+def test_query_batches_are_the_chunks_as_rows(synthetic_engine):
+    """query_batches: one RecordBatch per slice, whose rows are query_embedded's chunks (query order, rank)."""
+    from jobs.results import to_table
+
+    eng, q = synthetic_engine, _queries(synthetic_engine, 23, seed=1)
+    ids = [f"id{i}" for i in range(23)]
+    batches = list(eng.query_batches(q, ids, slice_size=5))
+    assert len(batches) == 5 and all(b.schema.equals(results_schema()) for b in batches)
+    got = pa.Table.from_batches(batches)
+    want = to_table(eng.query_embedded(q, slice_size=5), ids)
+    assert got.to_pylist() == want.to_pylist()
+    with pytest.raises(Exception, match="3 query ids for 23"):
+        next(eng.query_batches(q, ids[:3]))
+
+
+def test_chunk_sentences_spans_and_seeds():
+    """engine.chunk's in-memory path (one document, positions = sentence indices) through the vectorized
+    assembly: exact spans, seeds inside their chunk, ranks by score."""
+    from engine.chunker import chunk_sentences
+    from engine.config import EngineConfig
+
+    rng = np.random.default_rng(3)
+    doc = _docs(rng, 1)[0]
+    while len(doc) < 2:
+        doc = _docs(rng, 1)[0]
+    emb = torch.nn.functional.normalize(torch.randn(len(doc), 16, generator=torch.Generator().manual_seed(0)), dim=1)
+    for extent in ("pooled", "window"):
+        config = EngineConfig(qasc=QascParams(extent=extent, top_k=None, score_margin=None, focus_gap=None))
+        results = chunk_sentences(doc, emb, emb[:2] + 0.1, config)
+        assert len(results) == 2 and all(results)
+        for chunks in results:
+            assert [c.score for c in chunks] == sorted((c.score for c in chunks), reverse=True)
+            for c in chunks:
+                assert c.text == doc.text[c.char_start : c.char_end] and c.doc_id == doc.doc_id
+                assert c.char_start == doc.char_start[c.sentence_start] and c.char_end == doc.char_end[c.sentence_end]
+                assert c.seed_ids and all(c.sentence_start <= s <= c.sentence_end for s in c.seed_ids)
