@@ -7,6 +7,7 @@ into one region. A query's row is its regions in store order; QASC never crosses
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -30,7 +31,24 @@ if TYPE_CHECKING:
 
 MAX_QUERY_CHARS = 10_000
 SIMS_BLOCK_ELEMENTS = 1 << 24  # gathered candidate vectors per block (64 MiB of float32)
+STATS_BLOCK_ROWS = 65536  # store rows per block of the query-independent stats (cast to float32 per block)
 DEFAULT_SLICE_SIZE = 2048  # queries per kernel slice
+
+
+def store_vectors(store, device: torch.device) -> torch.Tensor:
+    """A store's embeddings as the engine's one tensor (N, dim) float32 | float16 on `device`.
+
+    engine.store.Store moves its own `vectors` (`to_device`: no host copy kept on CUDA, no copy at all on CPU);
+    duck-typed stores (numpy `embeddings`) are wrapped without a copy on CPU (float16 stays float16; other
+    dtypes become float32)."""
+    if hasattr(store, "to_device"):
+        return store.to_device(device)
+    emb = store.embeddings
+    if not isinstance(emb, torch.Tensor):
+        emb = np.asarray(emb)
+        emb = torch.from_numpy(np.ascontiguousarray(emb if emb.dtype in (np.float16, np.float32) else
+                                                    emb.astype(np.float32)))
+    return emb.to(device)
 
 
 class Engine:
@@ -56,44 +74,71 @@ class Engine:
         self.paragraph = as_t(cat("paragraph"))
         self.section = as_t(cat("section"))
         self.n_tokens = as_t(cat("n_tokens"))
-        self.embeddings = torch.as_tensor(np.asarray(store.embeddings, dtype=np.float32), device=device)
+        self.embeddings = store_vectors(store, device)  # (N_total, dim) float32 | float16: the store's own copy
         self._dots: torch.Tensor | None = None  # (N_total, W) neighbour dots, computed on first pooled query
         self._blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # kind -> (sizes, norms) (N_total,)
 
     def block_stats(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         """kind paragraph | section -> sizes (N_total,) int64, norms (N_total,) float32: each row's whole block
-        in its document (rows, norm of the summed vectors); query independent, computed once and kept."""
+        in its document (rows, norm of the summed vectors); query independent, computed once and kept.
+
+        Computed over row blocks cut at block boundaries, each cast to float32, so a float16 store gets float32
+        sums and the temporary memory stays at about STATS_BLOCK_ROWS rows."""
         if kind not in self._blocks:
             ids = self.paragraph if kind == "paragraph" else self.section
             keys = self.doc_of_row * (int(ids.max()) + 1 if ids.numel() else 1) + ids
-            self._blocks[kind] = block_stats(self.embeddings, keys)
+            n = keys.shape[0]
+            sizes = torch.zeros(n, dtype=torch.long, device=self.device)
+            norms = torch.zeros(n, dtype=torch.float32, device=self.device)
+            starts = torch.ones(n, dtype=torch.bool, device=self.device)  # rows that open a block
+            starts[1:] = keys[1:] != keys[:-1]
+            cuts = starts.nonzero().squeeze(1).tolist() + [n]
+            lo = 0
+            while lo < n:  # [lo, hi): whole blocks, about STATS_BLOCK_ROWS rows (one longer block alone)
+                hi = cuts[min(bisect.bisect_right(cuts, lo + STATS_BLOCK_ROWS) - 1, len(cuts) - 1)]
+                hi = hi if hi > lo else cuts[bisect.bisect_right(cuts, lo)]
+                sizes[lo:hi], norms[lo:hi] = block_stats(self.embeddings[lo:hi].float(), keys[lo:hi])
+                lo = hi
+            self._blocks[kind] = (sizes, norms)
         return self._blocks[kind]
 
     def neighbour_dots(self, width: int) -> torch.Tensor:
         """(N_total, >= width) float32: each row's dot products with its next width-1 rows (query independent,
-        computed once and kept; rows of different documents never share a run, so their dots are unused)."""
+        computed once and kept; rows of different documents never share a run, so their dots are unused).
+
+        Computed over row blocks (plus the width-1 rows after each) cast to float32, so a float16 store gets
+        float32 dots and the temporary memory stays at about STATS_BLOCK_ROWS rows."""
         if self._dots is None or self._dots.shape[1] < width:
-            self._dots = neighbour_dots(self.embeddings, width)
+            n = self.embeddings.shape[0]
+            dots = torch.zeros((n, width), dtype=torch.float32, device=self.device)
+            for lo in range(0, n, STATS_BLOCK_ROWS):
+                hi = min(lo + STATS_BLOCK_ROWS, n)
+                part = self.embeddings[lo : min(hi + width - 1, n)].float()
+                dots[lo:hi] = neighbour_dots(part, width, block_rows=STATS_BLOCK_ROWS)[: hi - lo]
+            self._dots = dots
         return self._dots
 
     def candidate_sims(self, query_emb: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """query_emb (Q, dim), rows/valid (Q, L) -> sims (Q, L) float32 (0 where invalid).
 
-        Gathers the candidate vectors a block of queries at a time, so memory stays at SIMS_BLOCK_ELEMENTS
-        floats whatever Q is."""
+        Gathers the candidate vectors a block of queries at a time (in the store's dtype, then cast to
+        float32), so memory stays at SIMS_BLOCK_ELEMENTS floats whatever Q is."""
         q, length = rows.shape
         dim = self.embeddings.shape[1]
         step = max(1, SIMS_BLOCK_ELEMENTS // max(length * dim, 1))
         out = torch.zeros((q, length), dtype=torch.float32, device=self.device)
         query = query_emb.to(device=self.device, dtype=torch.float32)
         for lo in range(0, q, step):
-            gathered = self.embeddings[rows[lo : lo + step]]  # (step, L, dim)
-            out[lo : lo + step] = torch.einsum("qld,qd->ql", gathered, query[lo : lo + step])
+            gathered = self.embeddings[rows[lo : lo + step]].float()  # (step, L, dim)
+            out[lo : lo + step] = torch.bmm(gathered, query[lo : lo + step, :, None])[..., 0]
         return torch.where(valid, out, torch.zeros_like(out))
 
     @classmethod
-    def open(cls, store_dir: str, config: EngineConfig | None = None, device: str = "auto") -> Engine:
-        """Open a store; the embedding model is the one recorded in its manifest (a mismatch is refused)."""
+    def open(cls, store_dir: str, config: EngineConfig | None = None, device: str = "auto",
+             nprobe: int | None = None) -> Engine:
+        """Open a store; the embedding model is the one recorded in its manifest (a mismatch is refused).
+
+        nprobe: inverted lists an ivf store's search probes (default: the store's, see README "Indexes")."""
         from engine.embedder import resolve_device
         from engine.store import read_manifest
         from engine.store.reader import Store
@@ -106,7 +151,7 @@ class Engine:
                 f"not {config.embedder.model!r}"
             )
         dev = resolve_device(device if device != "auto" else config.embedder.device)
-        store = Store.open(store_dir, device=dev)  # the FAISS index follows the engine's device
+        store = Store.open(store_dir, device=dev, nprobe=nprobe)  # the FAISS index follows the engine's device
         emb_cfg = stored.embedder
         embedder = Embedder(emb_cfg.model, str(dev), config.embedder.dtype, emb_cfg.max_length, emb_cfg.batch_tokens)
         if embedder.dim != int(store.manifest["dim"]) or embedder.fingerprint != store.manifest.get(
@@ -124,7 +169,13 @@ class Engine:
         return torch.as_tensor(self.embedder.encode(list(questions)), device=self.device)
 
     def search(self, query_emb: torch.Tensor, depth: int) -> torch.Tensor:
-        """query_emb (Q, dim) -> hits (Q, depth) int64 global rows (-1 where the store has fewer)."""
+        """query_emb (Q, dim) -> hits (Q, depth) int64 global rows (-1 where the store has fewer).
+
+        Stores with `search_tensor` (engine.store.Store) search on their own vectors' device (exact, blocked)
+        or through FAISS; others (duck-typed stores) through numpy `search`."""
+        if hasattr(self.store, "search_tensor"):
+            _, rows = self.store.search_tensor(query_emb, depth)
+            return rows.to(device=self.device, dtype=torch.long)
         _, rows = self.store.search(query_emb.float().cpu().numpy(), depth)
         return torch.as_tensor(rows, dtype=torch.long, device=self.device)
 

@@ -26,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=DEFAULT_SLICE_SIZE,
                    help=f"queries per slice: embedded, answered and written to --out together (bounds memory; "
                    f"default {DEFAULT_SLICE_SIZE})")
+    p.add_argument("--nprobe", type=int, default=None,
+                   help="ivf stores: inverted lists probed per query (default: the store's, 16 for new stores; "
+                        "more = higher recall, slower); local path only")
     p.add_argument("--ray", action="store_true", help="run as a Ray job: shards of queries on actors")
     p.add_argument("--ray-address", default=None, help="Ray cluster address ('auto' = the running cluster); "
                    "implies --ray; default: RAY_ADDRESS, else the cluster of a `ray job submit` job, else a "
@@ -93,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
         raise QascError(f"--batch-size must be >= 1, got {args.batch_size}")
     writer = ResultWriter(args.out) if args.out else None  # checks --out before any work
     started = time.perf_counter()
+    if (args.ray or args.ray_address) and args.nprobe is not None:
+        raise QascError("--nprobe applies to the local path only (Ray actors open the store with its own nprobe)")
     if args.ray or args.ray_address:
         from engine.config import EngineConfig
         from engine.store import read_manifest
@@ -103,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
         batches = run_query_job(args.store, ids, questions, params, retrieval, workers=args.workers,
                                 ray_address=args.ray_address, device=args.device, slice_size=args.batch_size)
     else:
-        engine = Engine.open(args.store, device=args.device)
+        engine = Engine.open(args.store, device=args.device, nprobe=args.nprobe)
         params, retrieval = params_from_args(args, engine.config.qasc, engine.config.retrieval)
         batches = engine.query_stream(questions, ids, params, retrieval, slice_size=args.batch_size)
     if writer is not None:  # results go to the file slice by slice: memory does not grow with the queries

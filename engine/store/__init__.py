@@ -5,7 +5,7 @@
     inputs    discover inputs, plan read units from their sizes, read and validate a unit
     stages    read -> cut -> split -> embed -> write of a unit's shards; the in-process runner
     manifest  the committed manifest and the _staging area of a running ingest
-    index     FAISS index: kinds, build, load, search; exact numpy search
+    index     FAISS index: kinds, build, load, search; blocked exact torch top-k, recall@depth
     progress  the progress bar / log lines of an ingest
     ingest    `ingest()`, `ingest_table()` (in-memory inputs) and `IngestConfig`: the orchestration
     reader    `Store`: a committed store in memory
@@ -13,7 +13,7 @@
 """
 
 from engine.store.files import ResumableError, file_digest
-from engine.store.index import exact_search
+from engine.store.index import exact_search, exact_topk, recall_at_depth
 from engine.store.ingest import (
     DEFAULT_SHARD_CHARS,
     DEFAULT_UNIT_BYTES,
@@ -47,11 +47,13 @@ __all__ = [
     "Segment",
     "Store",
     "exact_search",
+    "exact_topk",
     "existing_manifest",
     "file_digest",
     "ingest",
     "ingest_table",
     "read_manifest",
+    "recall_at_depth",
     "sentences_schema",
     "summary_line",
     "verify_store",

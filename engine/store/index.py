@@ -1,12 +1,14 @@
 """FAISS index over the store's sentence embeddings: inner product on L2-normalised vectors.
 
-Kinds: `flat` (exact, IndexFlatIP), `ivf` (IndexIVFFlat, inverted lists trained by k-means) and `hnsw`
-(IndexHNSWFlat). `auto` picks flat below AUTO_FLAT_MAX rows and ivf above. Ids are always global sentence
+Kinds: `flat` (exact, IndexFlatIP), `ivf` (inverted lists trained by k-means, holding 8-bit scalar-quantised
+codes since the measurement in README "Indexes"; older stores hold full vectors, params without "codes") and
+`hnsw` (IndexHNSWFlat). `auto` picks flat below AUTO_FLAT_MAX rows and ivf above. Ids are always global sentence
 rows (vectors are added in row order). The index is built and serialised on CPU; `to_device` moves it to
 the engine's CUDA device (`gpu_for`: only when that device is cuda, faiss was built with GPU support and
 sees that GPU; HNSW stays on CPU: faiss has no GPU HNSW). A cpu device never puts the index on a GPU.
-`build_index` builds a store's index from its shards; `load_index` reads it back; `exact_search` is the
-numpy top-k used when a store is opened without its index.
+`build_index` builds a store's index from its shards; `load_index` reads it back; `exact_topk` is the blocked
+torch top-k that flat stores (and stores opened without their index) search with; `rerank` re-scores the
+hits of quantised codes exactly; `recall_at_depth` compares approximate hits with exact ones.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from engine.errors import QascError
 from engine.store.files import read_table
@@ -29,6 +32,11 @@ HNSW_EF_CONSTRUCTION = 80
 HNSW_EF_SEARCH = 128
 IVF_TRAIN_PER_LIST = 64  # k-means training points per inverted list
 IVF_SEED = 1234
+IVF_NITER = 10  # k-means iterations (faiss's default 25 costs 2.5x the training time for no measured recall)
+IVF_CODES = ("Flat", "SQfp16", "SQ8")  # what an inverted list holds per vector: float32, float16, 8-bit codes
+IVF_DEFAULT_CODES = "SQ8"  # 1/4 the bytes of Flat, faster scans; hits re-scored exactly (IVF_RERANK)
+IVF_NPROBE = 16  # lists probed: recall@16 >= 0.95 of exact on clustered data at 200k-1M rows (README "Indexes")
+IVF_RERANK = 2  # quantised codes: take IVF_RERANK x k hits, re-score them from the store's vectors, keep k
 
 
 def _faiss():
@@ -57,10 +65,33 @@ def ivf_lists(n_rows: int) -> int:
 def default_params(kind: str, n_rows: int) -> dict:
     if kind == "ivf":
         nlist = ivf_lists(n_rows)
-        return {"nlist": nlist, "nprobe": min(nlist, max(16, nlist // 16))}
+        return {"nlist": nlist, "nprobe": min(nlist, IVF_NPROBE), "codes": IVF_DEFAULT_CODES, "rerank": IVF_RERANK}
     if kind == "hnsw":
         return {"M": HNSW_M, "efConstruction": HNSW_EF_CONSTRUCTION, "efSearch": HNSW_EF_SEARCH}
     return {}
+
+
+def set_nprobe(params: dict, nprobe: int | None) -> int:
+    """An ivf index's params, an override or None -> the inverted lists to probe (QascError unless 1..nlist)."""
+    if nprobe is None:
+        return int(params.get("nprobe", 1))
+    nlist = int(params.get("nlist", nprobe))
+    if isinstance(nprobe, bool) or not isinstance(nprobe, int | np.integer) or not 1 <= nprobe <= nlist:
+        raise QascError(f"nprobe must be an integer from 1 to the index's {nlist} lists, got {nprobe!r}")
+    return int(nprobe)
+
+
+def reconstruct_matches(entry: dict, got: np.ndarray, want: np.ndarray) -> bool:
+    """An index's manifest entry, reconstructed (R, dim) and stored (R, dim) vectors -> whether the index holds
+    the stored vectors: equal (1e-6) for full vectors; for quantised codes (SQ8 steps are 1/255 of each
+    dimension's trained range, values outside it clamp) every row's cosine with its stored vector >= 0.99."""
+    codes = entry.get("params", {}).get("codes", "Flat") if entry.get("kind") == "ivf" else "Flat"
+    want = want.astype(np.float32, copy=False)
+    if codes == "Flat":
+        return bool(np.allclose(got, want, atol=1e-6))
+    norms = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
+    cos = (got * want).sum(1) / np.where(norms > 0, norms, 1)
+    return bool((cos >= 0.99).all())
 
 
 def new_index(kind: str, dim: int, params: dict):
@@ -69,7 +100,10 @@ def new_index(kind: str, dim: int, params: dict):
     if kind == "flat":
         return faiss.IndexFlatIP(dim)
     if kind == "ivf":
-        index = faiss.index_factory(dim, f"IVF{int(params['nlist'])},Flat", faiss.METRIC_INNER_PRODUCT)
+        codes = params.get("codes", "Flat")  # stores before the codes param hold full vectors
+        if codes not in IVF_CODES:
+            raise QascError(f"unknown ivf codes {codes!r}; use one of {', '.join(IVF_CODES)}")
+        index = faiss.index_factory(dim, f"IVF{int(params['nlist'])},{codes}", faiss.METRIC_INNER_PRODUCT)
         index.nprobe = int(params["nprobe"])
         return index
     if kind == "hnsw":
@@ -87,6 +121,7 @@ def train(index, sample: np.ndarray) -> None:
     faiss = _faiss()
     ivf = faiss.extract_index_ivf(index)
     ivf.cp.seed = IVF_SEED
+    ivf.cp.niter = IVF_NITER
     index.train(np.ascontiguousarray(sample, dtype=np.float32))
 
 
@@ -218,8 +253,9 @@ def build_index(root: Path, shards: list[dict], old: dict | None, kind_requested
     return serialize(index), entry
 
 
-def load_index(root: Path, manifest: dict):
-    """The store's index file, checked against the manifest (sha256, ntotal, dim), search parameters set."""
+def load_index(root: Path, manifest: dict, nprobe: int | None = None):
+    """The store's index file, checked against the manifest (sha256, ntotal, dim), search parameters set
+    (nprobe: overrides the manifest's for an ivf index)."""
     entry = manifest["index"]
     path = root / entry["file"]
     try:
@@ -234,28 +270,107 @@ def load_index(root: Path, manifest: dict):
                         f"{manifest['counts']['sentences']} x {manifest['dim']}")
     params = entry.get("params", {})
     if entry["kind"] == "ivf":
-        index.nprobe = int(params.get("nprobe", 1))
+        index.nprobe = set_nprobe(params, nprobe)
     elif entry["kind"] == "hnsw":
         index.hnsw.efSearch = int(params.get("efSearch", HNSW_EF_SEARCH))
     return index
 
 
-def exact_search(emb: np.ndarray, query_emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """emb (N, dim), query_emb (Q, dim), k -> exact top-k (scores (Q, k) float32, rows (Q, k) int64)."""
-    if not isinstance(k, int | np.integer) or k < 1:
-        raise QascError(f"k must be a positive integer, got {k!r}")
-    q = np.asarray(query_emb, dtype=np.float32)
-    if q.ndim != 2 or q.shape[1] != emb.shape[1]:
-        raise QascError(f"query embeddings must have shape (Q, {emb.shape[1]}), got {tuple(q.shape)}")
-    if not np.isfinite(q).all():
-        raise QascError("query embeddings contain NaN or inf")
-    scores = np.full((len(q), k), -np.inf, np.float32)
-    rows = np.full((len(q), k), -1, np.int64)
-    kk = min(k, len(emb))
-    if kk and len(q):
-        sims = q @ emb.T  # (Q, N)
-        top = np.argpartition(-sims, kk - 1, axis=1)[:, :kk]
-        order = np.argsort(-np.take_along_axis(sims, top, 1), axis=1, kind="stable")
-        rows[:, :kk] = np.take_along_axis(top, order, 1)
-        scores[:, :kk] = np.take_along_axis(sims, rows[:, :kk], 1)
+EXACT_BLOCK_ELEMENTS = 1 << 24  # query x row similarities per block of the exact search (64 MiB of float32)
+
+
+def _block_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """sims (B, R) float32, k <= R -> values (B, k), columns (B, k) int64: the k largest per row, equal values at
+    the cut resolved to the lower columns (torch.topk picks among them arbitrarily), ordered by column."""
+    vals, idx = sims.topk(k, dim=1)
+    tied = (sims >= vals[:, -1:]).sum(1) > k  # more than k values reach the k-th: rows whose cut is a tie
+    if bool(tied.any()):
+        sel = tied.nonzero().squeeze(1)
+        sv, si = torch.sort(sims[sel], dim=1, descending=True, stable=True)  # equal values keep column order
+        vals[sel], idx[sel] = sv[:, :k], si[:, :k]
+    order = idx.argsort(dim=1)
+    return vals.gather(1, order), idx.gather(1, order)
+
+
+def exact_topk(vectors: torch.Tensor, query: torch.Tensor, k: int,
+               block_elements: int = EXACT_BLOCK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+    """vectors (N, dim) float32|float16, query (Q, dim) float, k -> scores (Q, k) float32 (-inf where the store
+    has fewer rows), rows (Q, k) int64 (-1 there): exact inner products on vectors' device.
+
+    Row blocks (cast to float32 once each) x query blocks, each block's top-k merged into a running top-k, so
+    the temporary memory is about `block_elements` floats plus one row block, whatever Q and N are: never a
+    dense (Q, N) matrix nor a second copy of the vectors. Scores equal FAISS IndexFlatIP's; rows are ordered by
+    score descending, equal scores lower row first, and among equal scores at the cut the lower rows are kept
+    (deterministic whatever the blocks; FAISS keeps the same scores but picks among equal ones its own way)."""
+    n = vectors.shape[0]
+    q = query.to(device=vectors.device, dtype=torch.float32)
+    scores = torch.full((q.shape[0], k), float("-inf"), dtype=torch.float32, device=vectors.device)
+    rows = torch.full((q.shape[0], k), -1, dtype=torch.long, device=vectors.device)
+    if n == 0 or q.shape[0] == 0:
+        return scores, rows
+    q_step = max(1, min(q.shape[0], 1024))
+    r_step = min(n, max(k, block_elements // q_step))
+    for r0 in range(0, n, r_step):
+        block = vectors[r0 : r0 + r_step].to(torch.float32)  # (R, dim); a view when already float32
+        kb = min(k, block.shape[0])
+        for q0 in range(0, q.shape[0], q_step):
+            q1 = min(q0 + q_step, q.shape[0])
+            bv, bi = _block_topk(q[q0:q1] @ block.T, kb)  # (B, kb), block columns ascending
+            cand_s = torch.cat([scores[q0:q1], bv], dim=1)  # running rows (all lower) first, then this block's
+            cand_r = torch.cat([rows[q0:q1], bi + r0], dim=1)
+            order = torch.sort(cand_s, dim=1, descending=True, stable=True).indices[:, :k]
+            scores[q0:q1] = cand_s.gather(1, order)
+            rows[q0:q1] = cand_r.gather(1, order)
     return scores, rows
+
+
+def rerank(vectors: torch.Tensor, query: torch.Tensor, rows: torch.Tensor, k: int
+           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """vectors (N, dim), query (Q, dim), rows (Q, K >= k) int64 hits (-1 = none) -> the k best of them by exact
+    inner product: scores (Q, k) float32 (-inf where missing), rows (Q, k) int64 (-1); equal scores lower row
+    first. Fixes the order (and, taking K > k hits, most of the recall) that quantised codes lose."""
+    ok = rows >= 0
+    q = query.to(device=vectors.device, dtype=torch.float32)
+    rows = rows.to(vectors.device)
+    got = torch.bmm(vectors[rows.clamp(min=0)].float(), q[:, :, None])[..., 0]  # (Q, K)
+    got = torch.where(ok.to(vectors.device), got, torch.full_like(got, float("-inf")))
+    keyed = torch.where(rows >= 0, rows, torch.full_like(rows, vectors.shape[0]))
+    by_row = keyed.argsort(dim=1)  # then a stable sort by score: equal scores keep row order
+    got, rows = got.gather(1, by_row), rows.gather(1, by_row)
+    order = torch.sort(got, dim=1, descending=True, stable=True).indices[:, :k]
+    out_s, out_r = got.gather(1, order), rows.gather(1, order)
+    return out_s, torch.where(torch.isfinite(out_s), out_r, torch.full_like(out_r, -1))
+
+
+def check_queries(query_emb, dim: int, k) -> None:
+    """QascError unless k is a positive integer and query_emb a finite (Q, dim) array or tensor."""
+    if not isinstance(k, int | np.integer) or isinstance(k, bool) or k < 1:
+        raise QascError(f"k must be a positive integer, got {k!r}")
+    if query_emb.ndim != 2 or query_emb.shape[1] != dim:
+        raise QascError(f"query embeddings must have shape (Q, {dim}), got {tuple(query_emb.shape)}")
+    finite = torch.isfinite(query_emb).all() if isinstance(query_emb, torch.Tensor) else np.isfinite(query_emb).all()
+    if not bool(finite):
+        raise QascError("query embeddings contain NaN or inf")
+
+
+def exact_search(emb, query_emb, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """emb (N, dim) float32|float16 (numpy or tensor), query_emb (Q, dim), k -> exact top-k (scores (Q, k)
+    float32, rows (Q, k) int64), through `exact_topk` (blocked, no dense (Q, N) matrix)."""
+    vectors = emb if isinstance(emb, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(emb))
+    q = query_emb if isinstance(query_emb, torch.Tensor) else torch.from_numpy(np.asarray(query_emb, np.float32))
+    check_queries(q, vectors.shape[1], k)
+    scores, rows = exact_topk(vectors, q, int(k))
+    return scores.cpu().numpy(), rows.cpu().numpy()
+
+
+def recall_at_depth(hits, exact_hits) -> float:
+    """hits, exact_hits (Q, depth) int rows (-1 = none; numpy or tensor) -> the mean over queries of the share
+    of each query's exact rows that `hits` also holds (1.0 when no query has an exact row)."""
+    h = np.asarray(hits.cpu() if isinstance(hits, torch.Tensor) else hits, dtype=np.int64)
+    e = np.asarray(exact_hits.cpu() if isinstance(exact_hits, torch.Tensor) else exact_hits, dtype=np.int64)
+    if h.ndim != 2 or e.ndim != 2 or h.shape[0] != e.shape[0]:
+        raise QascError(f"hits {h.shape} and exact hits {e.shape} must be (Q, depth) of the same Q")
+    found = ((e[:, :, None] == h[:, None, :]) & (e[:, :, None] >= 0)).any(2).sum(1)  # (Q,)
+    wanted = (e >= 0).sum(1)
+    some = wanted > 0
+    return float((found[some] / wanted[some]).mean()) if some.any() else 1.0

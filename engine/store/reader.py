@@ -1,4 +1,10 @@
-"""`Store`: a committed store read into memory (documents, sentence rows, embeddings, index)."""
+"""`Store`: a committed store read into memory (documents, sentence rows, embeddings, index).
+
+The embeddings are held once, in the store's dtype (float32 | float16): each shard's Arrow column is copied
+into one preallocated (N, dim) array (no concatenated temporary), wrapped without a copy as the tensor
+`Store.vectors`; `to_device` moves it (an engine on CUDA keeps only the device copy). Flat stores do not load
+their FAISS index by default: exact search runs blocked over `vectors` (`index.exact_topk`), so no second copy.
+"""
 
 from __future__ import annotations
 
@@ -8,19 +14,22 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch
 
 from engine.config import EngineConfig
 from engine.errors import QascError
 from engine.store import index as faiss_index
 from engine.store.files import read_table
 from engine.store.manifest import read_manifest
-from engine.store.schema import DOCUMENTS_SCHEMA, embeddings_of, sentences_schema
+from engine.store.schema import DOCUMENTS_SCHEMA, STORE_DTYPES, embeddings_of, sentences_schema
 from engine.types import Sentences
 
 
-def load_shard(root: Path, shard: dict, manifest: dict) -> tuple[list[Sentences], list[dict], list[str],
-                                                                   np.ndarray]:
-    """One shard -> (Sentences per document, metadata, sources, embeddings (N, dim) float32)."""
+def load_shard(root: Path, shard: dict, manifest: dict, out: np.ndarray | None = None
+               ) -> tuple[list[Sentences], list[dict], list[str], np.ndarray]:
+    """One shard -> (Sentences per document, metadata, sources, embeddings (n, dim) in the store's dtype).
+
+    out: the shard's rows of a preallocated (N, dim) array, filled and returned as the embeddings."""
     dim, dtype = manifest["dim"], manifest["dtype"]
     dt = read_table(root, shard["documents"])
     st = read_table(root, shard["sentences"])
@@ -62,7 +71,7 @@ def load_shard(root: Path, shard: dict, manifest: dict) -> tuple[list[Sentences]
             metadata.append(json.loads(raw))
         except ValueError:
             raise QascError(f"{root / shard['documents']}: corrupt metadata JSON") from None
-    return docs, metadata, dt.column("source").to_pylist(), embeddings_of(st, dim, str(where))
+    return docs, metadata, dt.column("source").to_pylist(), embeddings_of(st, dim, str(where), None, out)
 
 
 def check_sizes(root: Path, manifest: dict) -> None:
@@ -76,55 +85,90 @@ def check_sizes(root: Path, manifest: dict) -> None:
 
 
 class Store:
-    """A committed store in memory: documents, sentence rows, embeddings (N, dim) float32 and the index."""
+    """A committed store in memory: documents, sentence rows, embeddings (N, dim) in the store's dtype, index.
+
+    vectors: the one copy of the embeddings, a tensor (N, dim) float32 | float16 on the store's device;
+    embeddings: the same memory as a numpy array while on CPU (the device tensor after `to_device`);
+    index: the FAISS index, or None (flat stores by default: exact search over `vectors`)."""
 
     def __init__(self, path: Path, manifest: dict, docs: list[Sentences], metadata: list[dict],
-                 sources: list[str], embeddings: np.ndarray, index) -> None:
+                 sources: list[str], embeddings: np.ndarray | torch.Tensor, index) -> None:
         self.path = path
         self.manifest = manifest
         self.docs = docs
         self.doc_ids = [d.doc_id for d in docs]
         self.metadata = metadata
         self.sources = sources
-        self.embeddings = embeddings
+        self.vectors = embeddings if isinstance(embeddings, torch.Tensor) else torch.from_numpy(embeddings)
         self.doc_offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
         self.row_doc = np.repeat(np.arange(len(docs), dtype=np.int64), np.diff(self.doc_offsets))  # (N,)
         self.index = index
 
     @classmethod
-    def open(cls, path: str | Path, *, load_index: bool = True, device="cpu") -> Store:
+    def open(cls, path: str | Path, *, load_index: bool | str = "auto", device="cpu", nprobe: int | None = None
+             ) -> Store:
         """Reads a committed store; QascError if missing, incomplete (no complete manifest) or corrupt.
 
-        device: where the FAISS index lives (a cuda device moves it to that GPU when faiss has GPU support)."""
+        load_index: "auto" loads the FAISS index of ivf / hnsw stores only (flat stores search exactly over
+        their own vectors, no second copy), True always, False never (exact search).
+        device: where the FAISS index lives (a cuda device moves it to that GPU when faiss has GPU support);
+        the vectors stay on CPU until `to_device`. nprobe: overrides an ivf index's inverted lists probed."""
         root = Path(path).expanduser().absolute()
         manifest = read_manifest(root)
         check_sizes(root, manifest)
+        dim, dtype = int(manifest["dim"]), manifest["dtype"]
+        if dtype not in STORE_DTYPES:
+            raise QascError(f"{root}: the manifest's embedding dtype {dtype!r} is not one of {', '.join(STORE_DTYPES)}")
+        n = int(manifest["counts"]["sentences"])
+        if sum(int(s["n_sentences"]) for s in manifest["shards"]) != n:
+            raise QascError(f"{root}: its shards hold {sum(s['n_sentences'] for s in manifest['shards'])} sentences, "
+                            f"the manifest says {n}")
+        emb = np.empty((n, dim), np.dtype(dtype))  # the one copy: each shard's rows are written in place
         docs: list[Sentences] = []
         metadata: list[dict] = []
         sources: list[str] = []
-        embs: list[np.ndarray] = []
+        row = 0
         for shard in manifest["shards"]:
-            d, m, s, e = load_shard(root, shard, manifest)
+            rows = int(shard["n_sentences"])
+            d, m, s, _ = load_shard(root, shard, manifest, out=emb[row : row + rows])
             docs.extend(d)
             metadata.extend(m)
             sources.extend(s)
-            embs.append(e)
-        dim = int(manifest["dim"])
-        emb = np.concatenate(embs) if embs else np.zeros((0, dim), np.float32)
-        if len(emb) != manifest["counts"]["sentences"] or len(docs) != manifest["counts"]["documents"]:
-            raise QascError(f"{root}: {len(docs)} documents / {len(emb)} sentences, the manifest says "
-                            f"{manifest['counts']['documents']} / {manifest['counts']['sentences']}")
+            row += rows
+        pa.default_memory_pool().release_unused()  # the shards' Arrow buffers, else kept by the allocator
+        if len(docs) != manifest["counts"]["documents"]:
+            raise QascError(f"{root}: {len(docs)} documents / {row} sentences, the manifest says "
+                            f"{manifest['counts']['documents']} / {n}")
         index = None
-        if load_index:
-            index = faiss_index.to_device(faiss_index.load_index(root, manifest), manifest["index"]["kind"], device)
+        kind = manifest["index"]["kind"]
+        if load_index is True or (load_index == "auto" and kind != "flat"):
+            index = faiss_index.load_index(root, manifest, nprobe=nprobe)
+            index = faiss_index.to_device(index, kind, device)
         return cls(root, manifest, docs, metadata, sources, emb, index)
 
     @property
     def config(self) -> EngineConfig:
         return EngineConfig.from_dict(self.manifest["config"])
 
+    @property
+    def embeddings(self) -> np.ndarray | torch.Tensor:
+        """(N, dim) float32 | float16: a numpy view of `vectors` on CPU (no copy); the tensor itself elsewhere."""
+        return self.vectors.numpy() if self.vectors.device.type == "cpu" else self.vectors
+
+    def embedding_rows(self, lo: int, hi: int) -> np.ndarray:
+        """Rows lo..hi-1 as a host (hi - lo, dim) float32 array (a copy), wherever the vectors live."""
+        return self.vectors[lo:hi].to("cpu", torch.float32).numpy()
+
+    def to_device(self, device) -> torch.Tensor:
+        """Moves the vectors to `device` in the store's dtype; the host copy is dropped (unless someone else
+        holds it). Returns `vectors`."""
+        device = torch.device(device)
+        if self.vectors.device != device:
+            self.vectors = self.vectors.to(device)
+        return self.vectors
+
     def __len__(self) -> int:
-        return len(self.embeddings)
+        return int(self.vectors.shape[0])
 
     def check_embedder(self, described: dict) -> None:
         """described: Embedder.describe(); QascError when its model or dimension differs from the store's."""
@@ -134,11 +178,24 @@ class Store:
                             f"dim {m['dim']}); the query model is {described.get('model')!r} (fingerprint "
                             f"{described.get('fingerprint')}, dim {described.get('dim')})")
 
-    def search(self, query_emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """query_emb (Q, dim) float32, k -> scores (Q, k) float32 (-inf where missing), rows (Q, k) int64 (-1).
+    def search_tensor(self, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """query (Q, dim) float tensor, k -> scores (Q, k) float32 (-inf where missing), rows (Q, k) int64 (-1),
+        on the vectors' device: exact (`exact_topk` over `vectors`) without an index, else FAISS; an ivf index
+        of quantised codes gives params["rerank"] x k hits, re-scored exactly from `vectors` (`rerank`)."""
+        faiss_index.check_queries(query, int(self.manifest["dim"]), k)
+        if self.index is None:
+            return faiss_index.exact_topk(self.vectors, query, int(k))
+        params = self.manifest["index"].get("params", {})
+        wide = int(k) * max(1, int(params.get("rerank", 1))) if self.manifest["index"]["kind"] == "ivf" else int(k)
+        host = query.detach().to("cpu", torch.float32).numpy()
+        scores, rows = (torch.from_numpy(a).to(self.vectors.device) for a in faiss_index.search(self.index, host, wide))
+        if wide == k:
+            return scores, rows
+        return faiss_index.rerank(self.vectors, query, rows, int(k))
 
-        Through the FAISS index; exact numpy inner products when the store was opened with load_index=False.
-        """
-        if self.index is not None:
-            return faiss_index.search(self.index, query_emb, k)
-        return faiss_index.exact_search(self.embeddings, query_emb, k)
+    def search(self, query_emb, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """query_emb (Q, dim) float (numpy or tensor), k -> scores (Q, k) float32 (-inf where missing), rows (Q, k)
+        int64 (-1), as numpy (see `search_tensor`)."""
+        q = query_emb if isinstance(query_emb, torch.Tensor) else torch.from_numpy(np.asarray(query_emb))
+        scores, rows = self.search_tensor(q, k)
+        return scores.cpu().numpy(), rows.cpu().numpy()

@@ -57,13 +57,30 @@ def shard_name(shard_id: int) -> str:
     return f"part-{shard_id:06d}.parquet"
 
 
-def embeddings_of(table: pa.Table, dim: int, where: str) -> np.ndarray:
-    """sentences table -> (N, dim) float32."""
+def embeddings_of(table: pa.Table, dim: int, where: str, dtype: str | None = "float32",
+                  out: np.ndarray | None = None) -> np.ndarray:
+    """sentences table -> (N, dim) in `dtype` (None: the column's own float32 | float16).
+
+    Zero-copy where Arrow allows (one chunk, no nulls, dtype None or equal to the column's): the result is a
+    read-only view of the table's buffer. With `out` ((N, dim), preallocated), the rows are written into it
+    chunk by chunk (one copy, cast to out's dtype) and `out` is returned: no concatenated temporary."""
     col = table.column("embedding")
     if not pa.types.is_fixed_size_list(col.type) or col.type.list_size != dim:
         raise QascError(f"{where}: embedding column is {col.type}, expected fixed_size_list<float>[{dim}]")
+    if col.null_count:
+        raise QascError(f"{where}: embedding column holds {col.null_count} null rows")
+    if out is not None:
+        if out.shape != (len(col), dim):
+            raise QascError(f"{where}: {len(col)} x {dim} embeddings, expected {out.shape}")
+        lo = 0
+        for chunk in col.chunks:  # flatten() honours the chunk's offset (sliced arrays)
+            n = len(chunk)
+            out[lo : lo + n] = chunk.flatten().to_numpy(zero_copy_only=False).reshape(n, dim)
+            lo += n
+        return out
     arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    return arr.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False).reshape(-1, dim)
+    flat = arr.flatten().to_numpy(zero_copy_only=False).reshape(-1, dim)
+    return flat if dtype is None else flat.astype(dtype, copy=False)
 
 
 STAGED_DOCUMENTS = f"{STAGING}/{DOCUMENTS_DIR}"  # a running ingest's shard files, renamed into place at commit

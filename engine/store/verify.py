@@ -90,7 +90,7 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
         if not np.isfinite(emb).all():
             problems.append(f"{int((~np.isfinite(emb)).any(1).sum())} embeddings hold NaN/inf")
         else:
-            norms = np.linalg.norm(emb, axis=1)
+            norms = np.linalg.norm(emb.astype(np.float32, copy=False), axis=1)
             tol = 1e-2 if manifest["dtype"] == "float16" else 1e-3
             if np.abs(norms - 1).max() > tol:
                 problems.append(f"{int((np.abs(norms - 1) > tol).sum())} embeddings are not unit-norm")
@@ -104,7 +104,7 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
         if loaded and len(emb):
             rows = np.unique(rng.integers(0, len(emb), size=min(sample, len(emb))))
             got = faiss_index.reconstruct(index, rows)
-            if not np.allclose(got, emb[rows], atol=1e-6):
+            if not faiss_index.reconstruct_matches(manifest["index"], got, emb[rows]):
                 problems.append("index vectors differ from the stored embeddings")
     except QascError as exc:
         problems.append(str(exc))

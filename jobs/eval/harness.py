@@ -311,7 +311,7 @@ def seed_sentence_cache(engine, embedder, dataset: Dataset, cache: EvalCache) ->
         text = dataset.corpora[d.doc_id]
         key = f"{model_key(embedder)}|{chunker.key()}|{d.doc_id}|{sha(text)}|{sha(json.dumps(spans))}"
         if cache.load_arrays("emb", key) is None:
-            cache.save_arrays("emb", key, emb=np.asarray(store.embeddings[lo:hi], dtype=np.float32),
+            cache.save_arrays("emb", key, emb=store.embedding_rows(lo, hi),  # host float32 wherever the vectors live
                               n_tokens=np.asarray(d.n_tokens, dtype=np.int32))
             seeded += 1
     return seeded

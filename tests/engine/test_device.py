@@ -50,7 +50,7 @@ def test_store_open_keeps_the_index_on_cpu_by_default(demo_store):
     from engine.query import Engine
     from engine.store.reader import Store
 
-    assert isinstance(Store.open(demo_store).index, faiss.Index)
+    assert isinstance(Store.open(demo_store, load_index=True).index, faiss.Index)
     engine = Engine.open(str(demo_store), device="cpu")
     assert not type(engine.store.index).__name__.startswith("Gpu")
     assert np.isfinite(engine.store.search(np.ones((1, engine.embeddings.shape[1]), np.float32), 2)[0]).all()
