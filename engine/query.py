@@ -211,12 +211,12 @@ class Engine:
         columns). Memory stays at one slice's kernels and results whatever Q is.
 
         query_emb may be on any device and of any float dtype (a numpy array too): it is moved to the engine's
-        device and dtype first."""
+        device as float32 first (queries are few: they keep full precision whatever the store's dtype)."""
         params = params or self.config.qasc
         retrieval = retrieval or self.config.retrieval
         if slice_size < 1:
             raise QascError(f"slice_size must be >= 1, got {slice_size}")
-        query_emb = torch.as_tensor(query_emb).to(device=self.device, dtype=self.embeddings.dtype)
+        query_emb = torch.as_tensor(query_emb).to(device=self.device, dtype=torch.float32)
         table = self.row_table
         for lo in range(0, query_emb.shape[0], slice_size):
             part = query_emb[lo : lo + slice_size]

@@ -14,7 +14,7 @@ import fcntl
 import hashlib
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -53,6 +53,17 @@ def atomic_write(path: Path, data: bytes) -> None:
     with open(tmp, "wb") as fh:
         fh.write(data)
     _publish(tmp, path)
+
+
+def atomic_write_with(path: Path, write: Callable[[Path], None]) -> None:
+    """write(tmp) fills a temp file beside path, which is then published atomically (for writers that take a
+    path, such as faiss.write_index: no bytes copy of the content in memory); the temp file is removed on error."""
+    tmp = _tmp_name(path)
+    try:
+        write(tmp)
+        _publish(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def atomic_parquet(table: pa.Table, path: Path, row_group_size: int) -> None:

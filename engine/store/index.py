@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from engine.errors import QascError
-from engine.store.files import read_table
+from engine.store.files import file_digest, read_table
 from engine.store.schema import embeddings_of
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
@@ -137,6 +137,26 @@ def add(index, emb: np.ndarray) -> None:
         index.add(np.ascontiguousarray(emb, dtype=np.float32))
 
 
+def write_index_file(index, path: Path) -> None:
+    """Write the index to path (straight from faiss: no serialized copy in memory)."""
+    _faiss().write_index(index, str(path))
+
+
+def read_index_file(path: Path, sha: str):
+    """path, expected sha256 -> CPU index, read straight from the file; QascError when unreadable or corrupt."""
+    try:
+        digest = file_digest(path)["sha256"]
+    except OSError as exc:
+        raise QascError(f"{path}: cannot read the index ({exc.strerror or exc})") from None
+    if digest != sha:
+        raise QascError(f"{path}: checksum mismatch (corrupt or truncated index); run qasc verify")
+    try:
+        return _faiss().read_index(str(path))
+    except Exception as exc:  # faiss raises RuntimeError with a C++ message
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise QascError(f"{path}: corrupt or truncated FAISS index ({first[:200]})") from exc
+
+
 def serialize(index) -> bytes:
     faiss = _faiss()
     return faiss.serialize_index(index).tobytes()
@@ -217,16 +237,13 @@ def search(index, query_emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray
 
 def build_index(root: Path, shards: list[dict], old: dict | None, kind_requested: str, dim: int,
                  log: Callable[[str], None]) -> tuple[bytes, dict]:
-    """All shard records (old + new, in order) -> (serialized index, manifest entry)."""
+    """All shard records (old + new, in order) -> (CPU index, manifest entry); write it with write_index_file."""
     n = sum(s["n_sentences"] for s in shards)
     kind = choose_kind(n, kind_requested)
     old_index = old["index"] if old else None
     reuse = old_index is not None and old_index["kind"] == kind and (kind_requested in ("auto", kind))
     if reuse:
-        data = (root / old_index["file"]).read_bytes()
-        if sha256(data) != old["checksums"][old_index["file"]]["sha256"]:
-            raise QascError(f"{root / old_index['file']}: checksum mismatch (corrupt); run qasc verify")
-        index = deserialize(data, str(root / old_index["file"]))
+        index = read_index_file(root / old_index["file"], old["checksums"][old_index["file"]]["sha256"])
         params = old_index["params"]
         start = old["counts"]["shards"]
     else:
@@ -250,7 +267,7 @@ def build_index(root: Path, shards: list[dict], old: dict | None, kind_requested
         raise QascError(f"index holds {index.ntotal} vectors for {n} sentences")
     entry = {"kind": kind, "requested": kind_requested, "metric": "inner_product", "ntotal": int(index.ntotal),
              "params": params}
-    return serialize(index), entry
+    return index, entry
 
 
 def load_index(root: Path, manifest: dict, nprobe: int | None = None):
@@ -258,13 +275,7 @@ def load_index(root: Path, manifest: dict, nprobe: int | None = None):
     (nprobe: overrides the manifest's for an ivf index)."""
     entry = manifest["index"]
     path = root / entry["file"]
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise QascError(f"{path}: cannot read the index ({exc.strerror or exc})") from None
-    if sha256(data) != manifest["checksums"][entry["file"]]["sha256"]:
-        raise QascError(f"{path}: checksum mismatch (corrupt or truncated index); run qasc verify")
-    index = deserialize(data, str(path))
+    index = read_index_file(path, manifest["checksums"][entry["file"]]["sha256"])
     if index.ntotal != manifest["counts"]["sentences"] or index.d != manifest["dim"]:
         raise QascError(f"{path}: index holds {index.ntotal} x {index.d}, the store has "
                         f"{manifest['counts']['sentences']} x {manifest['dim']}")

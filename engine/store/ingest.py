@@ -19,6 +19,7 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,15 @@ import numpy as np
 from engine.config import EngineConfig
 from engine.errors import QascError, first_line
 from engine.store import index as faiss_index
-from engine.store.files import ResumableError, atomic_write, failpoint, locked, read_table
+from engine.store.files import (
+    ResumableError,
+    atomic_write,
+    atomic_write_with,
+    failpoint,
+    file_digest,
+    locked,
+    read_table,
+)
 from engine.store.inputs import InputUnit, ReadOptions, pack_units, plan_files, plan_memory
 from engine.store.manifest import (
     DocIdSet,
@@ -251,7 +260,7 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
             dim = dims.pop()
             records = staging.commit(first_id)
             all_shards = (old["shards"] if old else []) + [shard_entry(r) for r in records]
-            data, index_entry = faiss_index.build_index(root, all_shards, old, settings.index, dim, log)
+            built, index_entry = faiss_index.build_index(root, all_shards, old, settings.index, dim, log)
         except ResumableError:
             progress.close()
             raise
@@ -264,7 +273,8 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
         generation = (old["generation"] if old else 0) + 1
         index_file = f"index-{generation:04d}.faiss"
         try:
-            atomic_write(root / index_file, data)
+            atomic_write_with(root / index_file, partial(faiss_index.write_index_file, built))
+            index_digest = file_digest(root / index_file)
         except OSError as exc:
             raise ResumableError(f"cannot write {root / index_file}: {exc.strerror or exc}; run the same ingest "
                                  f"again to resume") from None
@@ -276,9 +286,9 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
                "seconds": round(seconds, 3), "mode": runner.mode, "workers": runner.workers,
                "resumed_shards": resumed}
         manifest = build_manifest(old, config, name, fingerprint, dim, dtype_store, splitter_desc, all_shards,
-                                  records, index_entry, faiss_index.sha256(data), len(data), generation, run,
+                                  records, index_entry, index_digest["sha256"], index_digest["bytes"], generation, run,
                                   settings.to_dict())
-        del data
+        del built
         failpoint("before-manifest")
         atomic_write(root / MANIFEST, json.dumps(manifest, indent=1).encode())
         if old and old["index"]["file"] != index_file:
