@@ -277,9 +277,11 @@ def default_engine_factory(dataset: Dataset, cache: EvalCache, out_dir: Path, de
     fp = model_fingerprint(resolve_model_path(None))
     root = cache.root / "stores" if cache.root else out_dir / "stores"
     from engine.splitter import SplitterConfig
+    from engine.store.schema import FORMAT_VERSION
 
     splitter = sha(json.dumps(SplitterConfig().describe(), sort_keys=True))[:8]  # a new splitter default: new store
-    store_dir = root / f"{dataset.name}-{dataset.corpora_fingerprint()}-{fp}-{dtype}-{splitter}"
+    # a new store format (2: heading paths) is a new store too
+    store_dir = root / f"{dataset.name}-{dataset.corpora_fingerprint()}-{fp}-{dtype}-{splitter}-v{FORMAT_VERSION}"
     if existing_manifest(store_dir) is None:
         log(f"building the QASC store {store_dir}")
         t0 = time.perf_counter()
