@@ -5,7 +5,8 @@ cosine between the query and that path's embedding. The gate looks at the distin
 of best rows: when one path matches the query far better than the typical path (spread = best - median), the
 headings name what the question is about, and rows under the best paths are lifted (the others lowered) in
 proportion to that spread; when all paths match alike (uninformative headings such as "Excerpt 1.2") or no row
-has a heading, the boost is (close to) zero and scoring is today's. Research prototype (issue 13), not wired in.
+has a heading, the boost is (close to) zero and scoring is today's. Used by engine/query.py (Engine.run_batch)
+with QascParams.context_weight as the weight.
 """
 
 from __future__ import annotations
