@@ -104,14 +104,16 @@ def heading_title(line: str) -> tuple[int, str] | None:
     return None
 
 
-def heading_paths(text: str, char_start: np.ndarray) -> tuple[list[str], np.ndarray]:
+def heading_paths(text: str, char_start: np.ndarray, wikitext: bool = False) -> tuple[list[str], np.ndarray]:
     """text, char_start (N,) int64 of its sentences -> (distinct heading paths in order of appearance,
     path id per sentence (N,) int32, -1 where no heading is in force).
 
-    The headings are the splitter's heading blocks (the lines that start a section); a heading of level L
-    replaces the headings of level >= L in force. A sentence's path is the titles of the outermost
+    The headings are the splitter's markdown heading blocks (the lines that start a section); a heading of
+    level L replaces the headings of level >= L in force. A sentence's path is the titles of the outermost
     PATH_LEVELS headings in force at its start (a heading line's own sentence included), joined by " > "
-    ("Privacy policy > Cookies"; for '#' / '##' markdown the level-1 and level-2 titles).
+    ("Privacy policy > Cookies"; for '#' / '##' markdown the level-1 and level-2 titles). Wikitext headings
+    start sections too but enter paths only with wikitext=True: on chroma_general's WikiText-103 corpus they
+    cost 2.7 F1 at the default weight (bench/RESULTS.md), so stores leave them out.
     """
     starts: list[int] = []
     path_of_heading: list[int] = []
@@ -119,7 +121,7 @@ def heading_paths(text: str, char_start: np.ndarray) -> tuple[list[str], np.ndar
     stack: dict[int, str] = {}
     for b_start, b_end, is_heading in _blocks(text):
         parsed = heading_title(text[b_start:b_end]) if is_heading else None
-        if parsed is None:
+        if parsed is None or (not wikitext and not MD_HEADING.match(text[b_start:b_end].strip())):
             continue
         level, title = parsed
         stack = {k: v for k, v in stack.items() if k < level}

@@ -26,18 +26,20 @@ def test_heading_titles_and_levels():
     assert heading_title("= Title =") == (1, "Title")
 
 
-def test_heading_paths_follow_the_outermost_two_headings():
+def test_heading_paths_follow_the_outermost_two_markdown_headings():
     sents = split_sentences(DOC)
     paths, ids = heading_paths(DOC, sents.char_start)
     got = [paths[i] if i >= 0 else None for i in ids]
     expected = {"Intro line before any heading.": None, "# Privacy policy of a.com": "Privacy policy of a.com",
                 "We share it.": "Privacy policy of a.com", "## Cookies": "Privacy policy of a.com > Cookies",
                 "They expire.": "Privacy policy of a.com > Cookies",  # level 3 does not enter the path
-                "Write to us.": "Contact", "A wikitext section.": "Contact > Plot"}
+                "Write to us.": "Contact", "A wikitext section.": "Contact"}  # wikitext: not in paths
     texts = sents.texts()
     for text, path in expected.items():
         assert got[texts.index(text)] == path, text
     assert len(set(paths)) == len(paths)
+    wiki_paths, wiki = heading_paths(DOC, sents.char_start, wikitext=True)
+    assert wiki_paths[wiki[texts.index("A wikitext section.")]] == "Contact > Plot"
     assert heading_paths("no headings at all. none.", np.array([0, 20]))[1].tolist() == [-1, -1]
 
 
