@@ -1,4 +1,7 @@
-"""In-memory QASC for one document and many queries: `chunk(text, queries, config)`."""
+"""In-memory QASC for one document and many queries: `chunk(text, queries, config)`.
+
+No heading context here (QascParams.context_weight is not used): within one document every sentence is a
+candidate already, and the gate needs heading paths embedded at ingest; `Engine` (a store) applies it."""
 
 from __future__ import annotations
 

@@ -3,6 +3,12 @@
 Candidate rule: each of the `depth` FAISS hits (sentences) brings the sentences within `neighbourhood`
 positions of it in its own document; overlapping or touching neighbourhoods of one document merge
 into one region. A query's row is its regions in store order; QASC never crosses a region boundary.
+
+Heading context (QascParams.context_weight > 0, stores with heading paths): c(row) = cosine of the query and
+the row's heading path; the gate (kernels.context.heading_gate) over the distinct paths of the top
+CONTEXT_POOL rows by cosine gives spread and cref; boost(row) = w * spread * (c(row) - cref). The `depth` hits
+are the best rows by cosine + boost among that pool and the rows of the CONTEXT_PATHS best-matching paths, and
+the boost is added to the candidates' similarities before QASC.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from engine.embedder import Embedder
 from engine.errors import QascError
 from engine.types import Chunk, Sentences
 from kernels.candidates import CandidateRows, candidate_rows
+from kernels.context import context_boost, heading_gate
 from kernels.extents import block_stats, neighbour_dots
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
@@ -33,6 +40,9 @@ MAX_QUERY_CHARS = 10_000
 SIMS_BLOCK_ELEMENTS = 1 << 24  # gathered candidate vectors per block (64 MiB of float32)
 STATS_BLOCK_ROWS = 65536  # store rows per block of the query-independent stats (cast to float32 per block)
 DEFAULT_SLICE_SIZE = 2048  # queries per kernel slice
+CONTEXT_POOL = 32  # heading context: the gate's pool, the top rows by raw cosine
+CONTEXT_PATHS = 8  # pre-retrieval: the rows of this many best-matching heading paths join the rerank
+CONTEXT_PATH_ROWS = 512  # ... at most this many rows of each (its first, in store order)
 
 
 def store_vectors(store, device: torch.device) -> torch.Tensor:
@@ -179,14 +189,98 @@ class Engine:
         _, rows = self.store.search(query_emb.float().cpu().numpy(), depth)
         return torch.as_tensor(rows, dtype=torch.long, device=self.device)
 
+    def heading_tensors(self) -> tuple[torch.Tensor, ...] | None:
+        """The store's heading paths on the engine's device, built once: heading_emb (H, dim) float32,
+        row_heading (N_total,) int64 (-1: none), and the rows of each path as CSR: path_start (H,), path_count
+        (H,), path_rows (rows with a heading,) int64. None when the store has no heading paths."""
+        if not hasattr(self, "_headings"):
+            emb = np.asarray(getattr(self.store, "heading_emb", np.zeros((0, 1))), dtype=np.float32)
+            self._headings = None
+            if len(emb):
+                row_heading = np.asarray(self.store.row_heading, dtype=np.int64)
+                order = np.argsort(row_heading, kind="stable")
+                order = order[row_heading[order] >= 0]
+                counts = np.bincount(row_heading[order], minlength=len(emb))
+                starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+                self._headings = tuple(torch.as_tensor(a, device=self.device) for a in (
+                    emb, row_heading, starts.astype(np.int64), counts.astype(np.int64), order.astype(np.int64)))
+        return self._headings
+
+    def heading_sims(self, query: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
+        """query (Q, dim) float32, path (Q, L) int64 (-1: none) -> c (Q, L) float32, cosine of the query and
+        the path's embedding (0 where path < 0); gathered a block of queries at a time."""
+        heading_emb = self.heading_tensors()[0]
+        q, length = path.shape
+        step = max(1, SIMS_BLOCK_ELEMENTS // max(length * heading_emb.shape[1], 1))
+        out = torch.zeros((q, length), dtype=torch.float32, device=self.device)
+        for lo in range(0, q, step):
+            gathered = heading_emb[path[lo : lo + step].clamp(min=0)]  # (step, L, dim)
+            out[lo : lo + step] = torch.einsum("qld,qd->ql", gathered, query[lo : lo + step])
+        return torch.where(path >= 0, out, torch.zeros_like(out))
+
+    def context_hits(
+        self, query_emb: torch.Tensor, depth: int, weight: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """query_emb (Q, dim), depth, weight w > 0 -> hits (Q, depth) int64 (-1 where missing), spread (Q,),
+        cref (Q,) float32: one search of max(depth, CONTEXT_POOL) rows; the gate over its first CONTEXT_POOL;
+        the hits are the best `depth` rows by cosine + boost among those rows and the first CONTEXT_PATH_ROWS
+        rows of each of the CONTEXT_PATHS paths most similar to the query (ties: lower row first)."""
+        _, row_heading, path_start, path_count, path_rows = self.heading_tensors()
+        query = query_emb.to(device=self.device, dtype=torch.float32)
+        q, n = query.shape[0], self.n_total
+        pool = self.search(query_emb, min(max(depth, CONTEXT_POOL), n))  # (Q, M) by raw cosine
+        pool_valid = pool >= 0
+        pool = pool.clamp(min=0)
+        path_of = lambda rows, valid: torch.where(valid, row_heading[rows], torch.full_like(rows, -1))  # noqa: E731
+        g = min(CONTEXT_POOL, pool.shape[1])
+        gate_path = path_of(pool[:, :g], pool_valid[:, :g])
+        spread, cref = heading_gate(self.heading_sims(query, gate_path), gate_path, pool_valid[:, :g])
+        heading_emb = self.heading_tensors()[0]
+        h = heading_emb.shape[0]
+        best = torch.zeros((q, min(CONTEXT_PATHS, h)), dtype=torch.long, device=self.device)
+        step = max(1, SIMS_BLOCK_ELEMENTS // max(h, 1))
+        for lo in range(0, q, step):  # (step, H) cosines a block at a time, only the best paths kept
+            best[lo : lo + step] = (query[lo : lo + step] @ heading_emb.T).topk(best.shape[1], dim=1).indices
+        count = path_count[best].clamp(max=CONTEXT_PATH_ROWS)  # (Q, J)
+        width = int(count.max()) if count.numel() else 0
+        offs = torch.arange(width, device=self.device)
+        extra_valid = (offs < count[..., None]).reshape(q, -1)  # (Q, J * width)
+        extra = path_rows[(path_start[best][..., None] + offs).clamp(max=max(len(path_rows) - 1, 0))].reshape(q, -1)
+        rows = torch.cat([pool, extra], dim=1)
+        valid = torch.cat([pool_valid, extra_valid], dim=1)
+        key, _ = torch.where(valid, rows, torch.full_like(rows, n)).sort(dim=1)  # rows ascending, invalid last
+        valid = key < n
+        valid[:, 1:] &= key[:, 1:] != key[:, :-1]  # a pool row under a best path counts once
+        rows = key.clamp(max=n - 1)
+        path = path_of(rows, valid)
+        score = self.candidate_sims(query, rows, valid) + context_boost(
+            self.heading_sims(query, path), path, valid, spread, cref, weight)
+        score = torch.where(valid, score, torch.full_like(score, float("-inf")))
+        order = score.sort(dim=1, descending=True, stable=True).indices[:, :depth]
+        hits = torch.where(valid.gather(1, order), rows.gather(1, order), torch.full_like(order, -1))
+        if hits.shape[1] < depth:
+            hits = torch.cat([hits, hits.new_full((q, depth - hits.shape[1]), -1)], dim=1)
+        return hits, spread, cref
+
     def run_batch(
         self, query_emb: torch.Tensor, params: QascParams, retrieval: RetrievalConfig
     ) -> tuple[QascBatch, CandidateRows]:
-        """query_emb (Q, dim) -> the QASC result over each query's candidate rows."""
-        hits = self.search(query_emb, min(retrieval.depth, max(self.n_total, 1)))
+        """query_emb (Q, dim) -> the QASC result over each query's candidate rows (with the heading context
+        when params.context_weight > 0 and the store has heading paths)."""
+        depth = min(retrieval.depth, max(self.n_total, 1))
+        context = params.context_weight > 0 and self.n_total > 0 and self.heading_tensors() is not None
+        if context:
+            hits, spread, cref = self.context_hits(query_emb, depth, params.context_weight)
+        else:
+            hits = self.search(query_emb, depth)
         cand = candidate_rows(hits, self.doc_first, self.doc_last, retrieval.neighbourhood, self.n_total)
         rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
         sims = self.candidate_sims(query_emb, rows, cand.valid)
+        if context:
+            row_heading = self.heading_tensors()[1]
+            path = torch.where(cand.valid, row_heading[rows], torch.full_like(rows, -1))
+            c = self.heading_sims(query_emb.to(device=self.device, dtype=torch.float32), path)
+            sims = sims + context_boost(c, path, cand.valid, spread, cref, params.context_weight)
         dots = self.neighbour_dots(params.max_extent)[rows] if params.extent == "pooled" else None  # (Q, L, W)
         blocks = {k: tuple(t[rows] for t in self.block_stats(k)) for k in params.block_kinds}
         batch = run_qasc(

@@ -20,6 +20,10 @@ from engine.types import Sentences
 
 HEADING = re.compile(r"(?:#{1,6}\s+\S.*|\s*=+ [^\n]* =+\s*)$")
 BLANK_LINE = re.compile(r"\n[ \t]*\n")
+MD_HEADING = re.compile(r"(#{1,6})[ \t]+(.+?)[ \t#]*$")  # level = the #s; title without closing #s
+WIKI_HEADING = re.compile(r"\s*((?:=+[ \t]+)+)(.*?)(?:[ \t]+=+)+\s*$")  # "== X ==" and WikiText's "= = X = ="
+PATH_LEVELS = 2  # a heading path joins the outermost two headings in force
+PATH_SEP = " > "
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,54 @@ def _heading_blocks(text: str, start: int, end: int) -> list[tuple[int, int, boo
     if cur < end:
         out.append((cur, end, False))
     return out
+
+
+def heading_title(line: str) -> tuple[int, str] | None:
+    """One heading line (a block the splitter marks as heading) -> (level, title), None if it has no title.
+
+    Markdown: level = the number of leading '#', title without the closing '#'s. Wikitext: level = the number
+    of leading '=' ("== X ==" and WikiText-103's spaced "= = X = =" are both level 2)."""
+    line = line.strip()
+    m = MD_HEADING.match(line)
+    if m:
+        return len(m.group(1)), m.group(2).strip()
+    m = WIKI_HEADING.match(line)
+    if m and m.group(2).strip():
+        return m.group(1).count("="), m.group(2).strip()
+    return None
+
+
+def heading_paths(text: str, char_start: np.ndarray, wikitext: bool = False) -> tuple[list[str], np.ndarray]:
+    """text, char_start (N,) int64 of its sentences -> (distinct heading paths in order of appearance,
+    path id per sentence (N,) int32, -1 where no heading is in force).
+
+    The headings are the splitter's markdown heading blocks (the lines that start a section); a heading of
+    level L replaces the headings of level >= L in force. A sentence's path is the titles of the outermost
+    PATH_LEVELS headings in force at its start (a heading line's own sentence included), joined by " > "
+    ("Privacy policy > Cookies"; for '#' / '##' markdown the level-1 and level-2 titles). Wikitext headings
+    start sections too but enter paths only with wikitext=True: on chroma_general's WikiText-103 corpus they
+    cost 2.7 F1 at the default weight (bench/RESULTS.md), so stores leave them out.
+    """
+    starts: list[int] = []
+    path_of_heading: list[int] = []
+    paths: dict[str, int] = {}
+    stack: dict[int, str] = {}
+    for b_start, b_end, is_heading in _blocks(text):
+        parsed = heading_title(text[b_start:b_end]) if is_heading else None
+        if parsed is None or (not wikitext and not MD_HEADING.match(text[b_start:b_end].strip())):
+            continue
+        level, title = parsed
+        stack = {k: v for k, v in stack.items() if k < level}
+        stack[level] = title
+        path = PATH_SEP.join(stack[k] for k in sorted(stack)[:PATH_LEVELS])
+        starts.append(b_start)
+        path_of_heading.append(paths.setdefault(path, len(paths)))
+    ids = np.full(len(char_start), -1, dtype=np.int32)
+    if starts:
+        at = np.searchsorted(np.asarray(starts, dtype=np.int64), np.asarray(char_start, dtype=np.int64),
+                             side="right") - 1
+        ids = np.where(at >= 0, np.asarray(path_of_heading, dtype=np.int32)[np.maximum(at, 0)], -1).astype(np.int32)
+    return list(paths), ids
 
 
 def _cut_long(text: str, start: int, end: int, max_chars: int) -> list[tuple[int, int]]:

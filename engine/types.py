@@ -1,8 +1,9 @@
-"""Frozen stage outputs: the sentences of one document, and the chunks returned for a query."""
+"""Frozen stage outputs: the sentences of one document, heading paths, and the chunks returned for a query."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,6 +43,15 @@ class Sentences:
             self.doc_id, self.text, self.char_start, self.char_end, self.paragraph, self.section,
             np.asarray(n_tokens, dtype=np.int32),
         )
+
+
+class Headings(NamedTuple):
+    """Heading paths of a set of sentence rows (a shard, a store): paths (H) distinct "H1 > H2" texts, rows (N,)
+    int each row's path (-1: no heading in force), emb (H, dim) float32 the paths' embeddings."""
+
+    paths: list[str]
+    rows: np.ndarray
+    emb: np.ndarray
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help=f"tiny subset ({', '.join(QUICK_CORPORA)}, 12 questions "
                    "each) and a 4-setting QASC grid: a smoke run, not a result")
     p.add_argument("--grid", choices=("full", "quick"), default="full", help="QASC grid to cross-validate over")
+    p.add_argument("--no-baseline-context", dest="baseline_context", action="store_false",
+                   help="do not also rank each baseline with QASC's heading context ('<method> + same context' rows)")
     p.add_argument("--ks", type=_ints, default=tuple(range(1, 11)), help="top-k values (default 1..10)")
     p.add_argument("--budgets", type=_ints, default=(100, 200, 400, 800), help="token budgets (model tokens)")
     p.add_argument("--ppl-corpora", type=_names, default=QUICK_CORPORA,
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         methods=tuple(args.methods), llm_url=args.llm_url, llm_model=args.llm_model, quick=args.quick,
         ks=tuple(args.ks), budgets=tuple(args.budgets), ppl_corpora=tuple(args.ppl_corpora),
         judge_questions=args.judge_questions, n_boot=args.bootstrap, seed=args.seed, device=args.device,
-        dtype=args.dtype, grid=args.grid,
+        dtype=args.dtype, grid=args.grid, baseline_context=args.baseline_context,
     )
     dirs = _names(data)
     if len(dirs) > 1:

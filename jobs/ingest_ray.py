@@ -3,9 +3,9 @@
 
 `RayRunner` is the shard runner that `qasc ingest` hands to `engine.store.ingest` (the engine never imports
 Ray). One row per read unit enters the pipeline; the CPU task reads and validates the unit and cuts it into
-shards (one row each); the embedding actors embed a shard and write its two Parquet files into the store's
-_staging/ themselves, and the driver receives only the record (names, digests, counts, doc_ids): it never
-holds text or embeddings. The stages call the same engine functions as the local path
+shards (one row each); the embedding actors embed a shard (and its heading paths) and write its three Parquet
+files into the store's _staging/ themselves, and the driver receives only the record (names, digests, counts,
+doc_ids): it never holds text or embeddings. The stages call the same engine functions as the local path
 (engine/store/stages.py), so on a multi-node cluster both the inputs and the store folder must be on a path
 every node can read and write. Embedding actors take num_gpus=1 each when the cluster has GPUs, else one CPU
 each (torch using the CPUs left per actor); a killed actor is restarted and its shard retried
@@ -69,7 +69,7 @@ class EmbedActor:
         self.fault_marker = fault_marker
 
     def __call__(self, batch: dict) -> dict:
-        from engine.store.stages import embed_shard, shard_label, write_shard
+        from engine.store.stages import embed_headings, embed_shard, shard_label, write_shard
 
         out = []
         for unit, k, payload in zip(batch["unit"].tolist(), batch["index"].tolist(), batch["payload"], strict=True):
@@ -81,8 +81,10 @@ class EmbedActor:
                     fh.write(str(os.getpid()))
                 os.kill(os.getpid(), signal.SIGKILL)
             docs, sents = pickle.loads(payload)
-            emb = embed_shard(sents, self.embedder, shard_label(self.ctx, int(unit), int(k)))
-            out.append(pickle.dumps(write_shard(self.ctx, int(unit), int(k), docs, sents, emb), protocol=5))
+            label = shard_label(self.ctx, int(unit), int(k))
+            emb = embed_shard(sents, self.embedder, label)
+            heads = embed_headings(sents, self.embedder, label)
+            out.append(pickle.dumps(write_shard(self.ctx, int(unit), int(k), docs, sents, emb, heads), protocol=5))
         return {"unit": batch["unit"], "index": batch["index"], "payload": np.array(out, dtype=object)}
 
 

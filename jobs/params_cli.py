@@ -40,6 +40,9 @@ QASC_HELP = {
                      "counts when the candidate region holds all of it and it fits --max-tokens)",
     "length_bonus": "pooled extents: added to a candidate's score times ln(its sentences) (-1..1; > 0 favours "
                     "longer extents)",
+    "context_weight": "query-gated heading context: w in boost = w * spread * (c - cref), c = cosine of the query "
+                      "and a row's heading path; reranks the pre-retrieval hits and adds to the similarities (0: "
+                      "off; stores without heading paths: no effect)",
 }
 UNSET = argparse.SUPPRESS  # flag not given: keep the store's value (None from a flag means 'none')
 RETRIEVAL_HELP = {

@@ -50,6 +50,10 @@ class QascParams:
     far_margin: float | None = 0.02  # focus: also keep chunks elsewhere scoring >= best - far_margin
     block_extents: str = "section"  # pooled: whole paragraphs / sections (complete in the row) are candidates too
     length_bonus: float = 0.02  # pooled: added to a candidate's score times ln(its sentences)
+    # query-gated heading context (engine, stores with heading paths): w in boost = w * spread * (c - cref),
+    # added to the similarities before pre-retrieval ranking and scoring; 0 = off. 12: the development suite's
+    # fit on all four sets (leave-one-dataset-out chose 12 in 3 of 4 folds, 6 in the 4th; bench/RESULTS.md)
+    context_weight: float = 12.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -93,6 +97,8 @@ class QascParams:
             problems.append(f"block_extents must be one of {BLOCK_RULES}, got {self.block_extents!r}")
         if not -1.0 <= self.length_bonus <= 1.0:
             problems.append(f"length_bonus must be in [-1, 1], got {self.length_bonus}")
+        if not 0.0 <= self.context_weight < float("inf"):
+            problems.append(f"context_weight must be >= 0 and finite, got {self.context_weight}")
         if self.score_margin is not None and self.score_margin < 0:
             problems.append(f"score_margin must be >= 0, got {self.score_margin}")
         if problems:

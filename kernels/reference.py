@@ -696,3 +696,36 @@ def block_extent_scores(
             a = e + 1
     return (_to_tensor(score, (q, length), sims.dtype, sims.device),
             _to_tensor(size, (q, length), torch.long, sims.device))
+
+
+def heading_gate(
+    pool_c: torch.Tensor, pool_path: torch.Tensor, pool_valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    spreads, crefs = [], []
+    for cs, paths, oks in zip(_rows(pool_c), _rows(pool_path), _rows(pool_valid), strict=True):
+        first: dict[int, float] = {}
+        for c, p, ok in zip(cs, paths, oks, strict=True):
+            if ok and p >= 0 and p not in first:
+                first[p] = c
+        values = sorted(first.values())
+        if not values:
+            spreads.append(0.0)
+            crefs.append(0.0)
+            continue
+        n = len(values)
+        med = (values[(n - 1) // 2] + values[n // 2]) / 2
+        crefs.append(med)
+        spreads.append(max(values) - med)
+    shape = (pool_c.shape[0],)
+    return (_to_tensor(spreads, shape, pool_c.dtype, pool_c.device),
+            _to_tensor(crefs, shape, pool_c.dtype, pool_c.device))
+
+
+def context_boost(
+    c: torch.Tensor, path: torch.Tensor, valid: torch.Tensor, spread: torch.Tensor, cref: torch.Tensor,
+    weight: float,
+) -> torch.Tensor:
+    out = []
+    for cs, paths, oks, s, r in zip(_rows(c), _rows(path), _rows(valid), spread.tolist(), cref.tolist(), strict=True):
+        out.append([weight * s * (x - r) if ok and p >= 0 else 0.0 for x, p, ok in zip(cs, paths, oks, strict=True)])
+    return _to_tensor(out, tuple(c.shape), c.dtype, c.device)

@@ -28,10 +28,12 @@ from engine.store.schema import (
     DOCUMENTS_DIR,
     FORMAT,
     FORMAT_VERSION,
+    HEADINGS_DIR,
     LOCK,
     MANIFEST,
     SENTENCES_DIR,
     STAGED_DOCUMENTS,
+    STAGED_HEADINGS,
     STAGED_SENTENCES,
     STAGING,
     shard_name,
@@ -86,7 +88,7 @@ def existing_manifest(path: str | Path) -> dict | None:
         raise QascError(f"--store {root}: exists and is a file, not a store folder")
     if (root / MANIFEST).exists():
         return read_manifest(root)
-    ours = {STAGING, LOCK, DOCUMENTS_DIR, SENTENCES_DIR}
+    ours = {STAGING, LOCK, DOCUMENTS_DIR, SENTENCES_DIR, HEADINGS_DIR}
     strangers = [p.name for p in root.iterdir() if p.name not in ours and not p.name.startswith(".")
                  and not re.fullmatch(r"index-\d+\.faiss", p.name)]
     if strangers:
@@ -148,8 +150,17 @@ def _key(unit: int, index: int) -> str:
     return f"{unit:06d}-{index:06d}"
 
 
+SHARD_FILES = ("documents", "sentences", "headings")  # a record's / shard entry's files ("headings": format 2)
+
+
+def shard_files(record: dict) -> list[str]:
+    """The store-relative files of a shard record or manifest shard entry (no headings file before format 2)."""
+    return [record[k] for k in SHARD_FILES if k in record]
+
+
 class Staging:
-    """_staging/: the plan of the running ingest, the shard files the workers wrote (documents/, sentences/),
+    """_staging/: the plan of the running ingest, the shard files the workers wrote (documents/, sentences/,
+    headings/),
     one record per finished shard (shards/), one marker per finished read unit (units/), and, once every unit
     is done, commit.json (which staged file becomes which store shard). Every file is written atomically."""
 
@@ -167,8 +178,8 @@ class Staging:
             self.discard()
         elif old is not None:
             self._load_records(log)
-        folders = (root, root / DOCUMENTS_DIR, root / SENTENCES_DIR, self.dir, self.shards_dir, self.units_dir,
-                   root / STAGED_DOCUMENTS, root / STAGED_SENTENCES)
+        folders = (root, root / DOCUMENTS_DIR, root / SENTENCES_DIR, root / HEADINGS_DIR, self.dir, self.shards_dir,
+                   self.units_dir, root / STAGED_DOCUMENTS, root / STAGED_SENTENCES, root / STAGED_HEADINGS)
         for folder in folders:
             folder.mkdir(parents=True, exist_ok=True)
             for tmp in folder.glob(".*.tmp-*"):  # half-written temp files of a killed run
@@ -183,8 +194,8 @@ class Staging:
 
     def _final(self, record: dict, gid: int) -> dict:
         """A staged record -> the same shard renamed into the store as shard gid."""
-        names = {rel: f"{rel.split('/')[1]}/{shard_name(gid)}" for rel in (record["documents"], record["sentences"])}
-        return {**record, "id": gid, "documents": names[record["documents"]], "sentences": names[record["sentences"]],
+        names = {rel: f"{rel.split('/')[1]}/{shard_name(gid)}" for rel in shard_files(record)}
+        return {**record, "id": gid, **{k: names[record[k]] for k in SHARD_FILES if k in record},
                 "checksums": {names[rel]: digest for rel, digest in record["checksums"].items()}}
 
     def _intact(self, checksums: dict) -> bool:
@@ -245,11 +256,12 @@ class Staging:
         for key in order:
             record = self.done[key]
             final = self._final(record, self.placed[_key(*key)])
-            for rel in (record["documents"], record["sentences"]):
-                if (self.root / rel).exists():
-                    os.replace(self.root / rel, self.root / self._renamed(rel, final))
+            for key_name in SHARD_FILES:
+                rel = record.get(key_name)
+                if rel is not None and (self.root / rel).exists():
+                    os.replace(self.root / rel, self.root / final[key_name])
             out.append(final)
-        for folder in (DOCUMENTS_DIR, SENTENCES_DIR):
+        for folder in (DOCUMENTS_DIR, SENTENCES_DIR, HEADINGS_DIR):
             fd = os.open(self.root / folder, os.O_RDONLY)
             try:
                 os.fsync(fd)
@@ -257,10 +269,6 @@ class Staging:
                 os.close(fd)
         failpoint("shards-placed")
         return out
-
-    @staticmethod
-    def _renamed(rel: str, final: dict) -> str:
-        return final["documents"] if rel.startswith(STAGED_DOCUMENTS + "/") else final["sentences"]
 
     def discard(self) -> None:
         """Removes the staged shard files (also those a crashed commit had renamed into the store) and the
@@ -304,7 +312,8 @@ def check_compatible(manifest: dict, root: Path, name: str, fingerprint: str, sp
 
 
 def shard_entry(record: dict) -> dict:
-    return {k: record[k] for k in ("id", "documents", "sentences", "n_documents", "n_sentences", "chars")}
+    keys = ("id", *SHARD_FILES, "n_documents", "n_sentences", "n_headings", "chars")
+    return {k: record[k] for k in keys if k in record}
 
 
 def build_manifest(old: dict | None, config: EngineConfig, name: str, fingerprint: str, dim: int, dtype: str,
@@ -337,7 +346,7 @@ def build_manifest(old: dict | None, config: EngineConfig, name: str, fingerprin
 
 def remove_new_store(root: Path) -> None:
     """After a failed first ingest: remove what this run created, so nothing half-written is left."""
-    for name in (DOCUMENTS_DIR, SENTENCES_DIR):
+    for name in (DOCUMENTS_DIR, SENTENCES_DIR, HEADINGS_DIR):
         with contextlib.suppress(OSError):
             (root / name).rmdir()
     (root / LOCK).unlink(missing_ok=True)

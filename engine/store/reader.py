@@ -1,4 +1,4 @@
-"""`Store`: a committed store read into memory (documents, sentence rows, embeddings, index).
+"""`Store`: a committed store read into memory (documents, sentence rows, embeddings, heading paths, index).
 
 The embeddings are held once, in the store's dtype (float32 | float16): each shard's Arrow column is copied
 into one preallocated (N, dim) array (no concatenated temporary), wrapped without a copy as the tensor
@@ -21,22 +21,24 @@ from engine.errors import QascError
 from engine.store import index as faiss_index
 from engine.store.files import read_table
 from engine.store.manifest import read_manifest
-from engine.store.schema import DOCUMENTS_SCHEMA, STORE_DTYPES, embeddings_of, sentences_schema
-from engine.types import Sentences
+from engine.store.schema import DOCUMENTS_SCHEMA, STORE_DTYPES, embeddings_of, headings_schema, sentences_schema
+from engine.types import Headings, Sentences
 
 
 def load_shard(root: Path, shard: dict, manifest: dict, out: np.ndarray | None = None
-               ) -> tuple[list[Sentences], list[dict], list[str], np.ndarray]:
-    """One shard -> (Sentences per document, metadata, sources, embeddings (n, dim) in the store's dtype).
+               ) -> tuple[list[Sentences], list[dict], list[str], np.ndarray, Headings]:
+    """One shard -> (Sentences per document, metadata, sources, embeddings (n, dim) in the store's dtype, its
+    headings).
 
     out: the shard's rows of a preallocated (N, dim) array, filled and returned as the embeddings."""
     dim, dtype = manifest["dim"], manifest["dtype"]
     dt = read_table(root, shard["documents"])
     st = read_table(root, shard["sentences"])
     where = root / shard["sentences"]
+    has_headings = "headings" in shard
     if dt.schema.names != DOCUMENTS_SCHEMA.names:
         raise QascError(f"{root / shard['documents']}: unexpected columns {dt.schema.names}")
-    if st.schema.names != sentences_schema(dim, dtype).names:
+    if st.schema.names != sentences_schema(dim, dtype, has_headings).names:
         raise QascError(f"{where}: unexpected columns {st.schema.names}")
     if st.schema.field("embedding").type != sentences_schema(dim, dtype).field("embedding").type:
         raise QascError(f"{where}: embedding column is {st.schema.field('embedding').type}, the manifest says "
@@ -71,7 +73,39 @@ def load_shard(root: Path, shard: dict, manifest: dict, out: np.ndarray | None =
             metadata.append(json.loads(raw))
         except ValueError:
             raise QascError(f"{root / shard['documents']}: corrupt metadata JSON") from None
-    return docs, metadata, dt.column("source").to_pylist(), embeddings_of(st, dim, str(where), None, out)
+    return (docs, metadata, dt.column("source").to_pylist(), embeddings_of(st, dim, str(where), None, out),
+            _load_headings(root, shard, st, dim, dtype) if has_headings else
+            Headings([], np.full(st.num_rows, -1, np.int64), np.zeros((0, dim), np.float32)))
+
+
+def _load_headings(root: Path, shard: dict, st: pa.Table, dim: int, dtype: str) -> Headings:
+    ht = read_table(root, shard["headings"])
+    where = root / shard["headings"]
+    if ht.schema.names != headings_schema(dim, dtype).names:
+        raise QascError(f"{where}: unexpected columns {ht.schema.names}")
+    rows = st.column("heading").to_numpy().astype(np.int64)
+    if len(rows) and (rows.min() < -1 or rows.max() >= ht.num_rows):
+        raise QascError(f"{root / shard['sentences']}: heading ids outside [-1, {ht.num_rows}) of {where}")
+    return Headings(ht.column("path").to_pylist(), rows, embeddings_of(ht, dim, str(where)))
+
+
+def merge_headings(heads: list[Headings], dim: int) -> Headings:
+    """Per-shard headings -> the store's: one id per distinct path text (the same text embeds the same),
+    rows (N,) int64 global ids."""
+    ids: dict[str, int] = {}
+    vecs: list[np.ndarray] = []
+    rows = []
+    for h in heads:
+        remap = np.empty(len(h.paths) + 1, np.int64)
+        remap[-1] = -1
+        for i, p in enumerate(h.paths):
+            if p not in ids:
+                ids[p] = len(ids)
+                vecs.append(h.emb[i])
+            remap[i] = ids[p]
+        rows.append(remap[h.rows])
+    emb = np.stack(vecs).astype(np.float32) if vecs else np.zeros((0, dim), np.float32)
+    return Headings(list(ids), np.concatenate(rows) if rows else np.zeros(0, np.int64), emb)
 
 
 def check_sizes(root: Path, manifest: dict) -> None:
@@ -85,14 +119,18 @@ def check_sizes(root: Path, manifest: dict) -> None:
 
 
 class Store:
-    """A committed store in memory: documents, sentence rows, embeddings (N, dim) in the store's dtype, index.
+    """A committed store in memory: documents, sentence rows, embeddings (N, dim) in the store's dtype, heading
+    paths, index.
 
     vectors: the one copy of the embeddings, a tensor (N, dim) float32 | float16 on the store's device;
     embeddings: the same memory as a numpy array while on CPU (the device tensor after `to_device`);
-    index: the FAISS index, or None (flat stores by default: exact search over `vectors`)."""
+    index: the FAISS index, or None (flat stores by default: exact search over `vectors`);
+    heading_paths (H) distinct texts over the whole store, heading_emb (H, dim) float32, row_heading (N,) int64
+    each row's path (-1: none; every row of a format-1 store)."""
 
     def __init__(self, path: Path, manifest: dict, docs: list[Sentences], metadata: list[dict],
-                 sources: list[str], embeddings: np.ndarray | torch.Tensor, index) -> None:
+                 sources: list[str], embeddings: np.ndarray | torch.Tensor, index,
+                 headings: Headings | None = None) -> None:
         self.path = path
         self.manifest = manifest
         self.docs = docs
@@ -103,6 +141,10 @@ class Store:
         self.doc_offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
         self.row_doc = np.repeat(np.arange(len(docs), dtype=np.int64), np.diff(self.doc_offsets))  # (N,)
         self.index = index
+        if headings is None:
+            headings = Headings([], np.full(len(embeddings), -1, np.int64),
+                                     np.zeros((0, embeddings.shape[1]), np.float32))
+        self.heading_paths, self.row_heading, self.heading_emb = headings
 
     @classmethod
     def open(cls, path: str | Path, *, load_index: bool | str = "auto", device="cpu", nprobe: int | None = None
@@ -128,9 +170,11 @@ class Store:
         metadata: list[dict] = []
         sources: list[str] = []
         row = 0
+        heads: list[Headings] = []
         for shard in manifest["shards"]:
             rows = int(shard["n_sentences"])
-            d, m, s, _ = load_shard(root, shard, manifest, out=emb[row : row + rows])
+            d, m, s, _, h = load_shard(root, shard, manifest, out=emb[row : row + rows])
+            heads.append(h)
             docs.extend(d)
             metadata.extend(m)
             sources.extend(s)
@@ -144,7 +188,7 @@ class Store:
         if load_index is True or (load_index == "auto" and kind != "flat"):
             index = faiss_index.load_index(root, manifest, nprobe=nprobe)
             index = faiss_index.to_device(index, kind, device)
-        return cls(root, manifest, docs, metadata, sources, emb, index)
+        return cls(root, manifest, docs, metadata, sources, emb, index, merge_headings(heads, dim))
 
     @property
     def config(self) -> EngineConfig:

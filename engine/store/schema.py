@@ -1,14 +1,18 @@
-"""Store format: file names, Arrow schemas of the two tables, and the embedding column <-> numpy.
+"""Store format: file names, Arrow schemas of the three tables, and the embedding column <-> numpy.
 
 A store is one folder (README, "Store format"):
     manifest.json                  written last, atomically; lists every file with its sha256 and size
     documents/part-NNNNNN.parquet  DOCUMENTS_SCHEMA: doc_id, text, metadata (JSON), source, n_sentences
     sentences/part-NNNNNN.parquet  sentences_schema(dim, dtype): doc_id, sentence, paragraph, section,
-                                   char_start, char_end, n_tokens, embedding fixed_size_list<float32|float16>[dim]
+                                   char_start, char_end, n_tokens, heading (format 2), embedding
+                                   fixed_size_list<float32|float16>[dim]
+    headings/part-NNNNNN.parquet   headings_schema(dim, dtype) (format 2): path, embedding; the shard's distinct
+                                   heading paths, indexed by the sentences' heading column (-1 = none)
     index-GGGG.faiss               FAISS index over every sentence row (id = global row), generation GGGG
     _staging/                      only while an ingest runs or after it crashed: plan.json, the workers' shard
-                                   files (documents/, sentences/ uUUUUUU-sKKKKKK.parquet), shards/UUUUUU-KKKKKK.json,
-                                   units/UUUUUU.json, commit.json (staged file -> store shard id)
+                                   files (documents/, sentences/, headings/ uUUUUUU-sKKKKKK.parquet),
+                                   shards/UUUUUU-KKKKKK.json, units/UUUUUU.json, commit.json (staged file -> store
+                                   shard id)
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ import pyarrow as pa
 from engine.errors import QascError
 
 FORMAT = "qasc-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: heading column + headings/ files (a format-1 store opens, without headings)
 MANIFEST = "manifest.json"
 STAGING = "_staging"
 LOCK = ".lock"
 DOCUMENTS_DIR = "documents"
 SENTENCES_DIR = "sentences"
+HEADINGS_DIR = "headings"
 STORE_DTYPES = ("float32", "float16")
 SENTENCE_ROW_GROUP = 8192
 DOCUMENT_ROW_GROUP = 256
@@ -45,12 +50,24 @@ SENTENCE_COLUMNS = pa.schema([
     pa.field("char_end", pa.int64(), nullable=False),
     pa.field("n_tokens", pa.int32(), nullable=False),  # model tokens without specials, <= max_sentence_tokens
 ])
+HEADING_COLUMN = pa.field("heading", pa.int32(), nullable=False)  # row of the shard's headings file, -1 = none
 EMBEDDING_TYPES = {"float32": pa.float32(), "float16": pa.float16()}
 
 
-def sentences_schema(dim: int, dtype: str = "float32") -> pa.Schema:
-    """SENTENCE_COLUMNS + embedding fixed_size_list<dtype>[dim]."""
-    return SENTENCE_COLUMNS.append(pa.field("embedding", pa.list_(EMBEDDING_TYPES[dtype], dim), nullable=False))
+def _embedding(dim: int, dtype: str) -> pa.Field:
+    return pa.field("embedding", pa.list_(EMBEDDING_TYPES[dtype], dim), nullable=False)
+
+
+def sentences_schema(dim: int, dtype: str = "float32", headings: bool = True) -> pa.Schema:
+    """SENTENCE_COLUMNS + heading int32 (format 2; headings=False: format 1) + embedding
+    fixed_size_list<dtype>[dim]."""
+    cols = SENTENCE_COLUMNS.append(HEADING_COLUMN) if headings else SENTENCE_COLUMNS
+    return cols.append(_embedding(dim, dtype))
+
+
+def headings_schema(dim: int, dtype: str = "float32") -> pa.Schema:
+    """path string ("H1 > H2") + embedding fixed_size_list<dtype>[dim] of that text."""
+    return pa.schema([pa.field("path", pa.string(), nullable=False), _embedding(dim, dtype)])
 
 
 def shard_name(shard_id: int) -> str:
@@ -59,7 +76,7 @@ def shard_name(shard_id: int) -> str:
 
 def embeddings_of(table: pa.Table, dim: int, where: str, dtype: str | None = "float32",
                   out: np.ndarray | None = None) -> np.ndarray:
-    """sentences table -> (N, dim) in `dtype` (None: the column's own float32 | float16).
+    """sentences (or headings) table -> (N, dim) in `dtype` (None: the column's own float32 | float16).
 
     Zero-copy where Arrow allows (one chunk, no nulls, dtype None or equal to the column's): the result is a
     read-only view of the table's buffer. With `out` ((N, dim), preallocated), the rows are written into it
@@ -85,6 +102,8 @@ def embeddings_of(table: pa.Table, dim: int, where: str, dtype: str | None = "fl
 
 STAGED_DOCUMENTS = f"{STAGING}/{DOCUMENTS_DIR}"  # a running ingest's shard files, renamed into place at commit
 STAGED_SENTENCES = f"{STAGING}/{SENTENCES_DIR}"
+STAGED_HEADINGS = f"{STAGING}/{HEADINGS_DIR}"
+HEADING_ROW_GROUP = 8192
 
 
 def staged_name(unit_id: int, k: int) -> str:

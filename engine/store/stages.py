@@ -1,5 +1,6 @@
 """Ingest stages of one read unit: read (validate) -> cut into shards -> split (sentences, token cap) -> embed
--> write (atomic, into _staging/), and the in-process runner.
+-> write (atomic, into _staging/), and the in-process runner. Each shard also gets its heading paths (the
+splitter's markdown / wikitext headings in force at each sentence), embedded with the same model.
 
 A worker does all of it for the units it is given and hands back only small records (file names, digests,
 counts, doc_ids): the driver never holds a shard's text or embeddings. `LocalRunner` runs the stages in this
@@ -21,20 +22,23 @@ import pyarrow as pa
 
 from engine.config import EngineConfig
 from engine.errors import QascError
-from engine.splitter import SplitterConfig, split_sentences
+from engine.splitter import SplitterConfig, heading_paths, split_sentences
 from engine.store.files import ResumableError, atomic_parquet, file_digest
 from engine.store.inputs import Document, InputUnit, ReadOptions, read_unit
 from engine.store.schema import (
     DOCUMENT_ROW_GROUP,
     DOCUMENTS_SCHEMA,
+    HEADING_ROW_GROUP,
     SENTENCE_ROW_GROUP,
     STAGED_DOCUMENTS,
+    STAGED_HEADINGS,
     STAGED_SENTENCES,
+    headings_schema,
     sentences_schema,
     staged_name,
 )
 from engine.tokencap import cap_tokens
-from engine.types import Sentences
+from engine.types import Headings, Sentences
 
 OnRecord = Callable[[dict], None]
 
@@ -102,9 +106,40 @@ def embed_shard(sents: Sequence[Sentences], embedder, label: str,
     return emb
 
 
-def shard_tables(docs: Sequence[Document], sents: Sequence[Sentences], emb: np.ndarray,
-                 dtype: str) -> tuple[pa.Table, pa.Table]:
-    """Documents + their Sentences + emb (N, dim) -> (documents table, sentences table)."""
+def shard_heading_paths(sents: Sequence[Sentences]) -> tuple[list[str], np.ndarray]:
+    """A shard's Sentences -> (distinct heading paths of the shard, (N,) int32 path per sentence row, -1: none)."""
+    paths: dict[str, int] = {}
+    ids = []
+    for s in sents:
+        local_paths, local = heading_paths(s.text, s.char_start)
+        remap = np.array([paths.setdefault(p, len(paths)) for p in local_paths] + [-1], dtype=np.int32)
+        ids.append(remap[local])  # local -1 picks the trailing -1
+    return list(paths), (np.concatenate(ids) if ids else np.zeros(0, np.int32)).astype(np.int32)
+
+
+def embed_headings(sents: Sequence[Sentences], embedder, label: str) -> Headings:
+    """Stage embed, headings: the shard's distinct heading paths in one encode (apart from the sentences, so
+    the sentence vectors are the same as without headings)."""
+    paths, rows = shard_heading_paths(sents)
+    if not paths:
+        return Headings([], rows, np.zeros((0, embedder.dim), np.float32))
+    try:
+        emb = embedder.encode(paths)
+    except ValueError as exc:
+        raise QascError(f"shard {label} headings: {exc}") from None
+    if not np.isfinite(emb).all():
+        raise QascError(f"shard {label}: the embedding model produced NaN/inf heading vectors; refusing to store")
+    return Headings(paths, rows, emb)
+
+
+def _fixed_list(emb: np.ndarray, dtype: str) -> pa.FixedSizeListArray:
+    flat = pa.array(np.ascontiguousarray(emb, dtype=np.dtype(dtype)).reshape(-1))
+    return pa.FixedSizeListArray.from_arrays(flat, emb.shape[1])
+
+
+def shard_tables(docs: Sequence[Document], sents: Sequence[Sentences], emb: np.ndarray, dtype: str,
+                 headings: Headings) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """Documents + their Sentences + emb (N, dim) + their headings -> (documents, sentences, headings tables)."""
     counts = [len(s) for s in sents]
     documents = pa.Table.from_arrays([
         pa.array([d.doc_id for d in docs], pa.string()),
@@ -116,7 +151,6 @@ def shard_tables(docs: Sequence[Document], sents: Sequence[Sentences], emb: np.n
     n, dim = emb.shape
     cat = (lambda name, dt: np.concatenate([getattr(s, name) for s in sents]).astype(dt)) if n else (
         lambda name, dt: np.zeros(0, dt))
-    flat = pa.array(np.ascontiguousarray(emb, dtype=np.dtype(dtype)).reshape(-1))
     sentences = pa.Table.from_arrays([
         pa.array([s.doc_id for s in sents for _ in range(len(s))], pa.string()),
         pa.array(np.concatenate([np.arange(c, dtype=np.int32) for c in counts]) if n else np.zeros(0, np.int32)),
@@ -125,30 +159,42 @@ def shard_tables(docs: Sequence[Document], sents: Sequence[Sentences], emb: np.n
         pa.array(cat("char_start", np.int64)),
         pa.array(cat("char_end", np.int64)),
         pa.array(cat("n_tokens", np.int32)),
-        pa.FixedSizeListArray.from_arrays(flat, dim),
+        pa.array(np.asarray(headings.rows, dtype=np.int32)),
+        _fixed_list(emb, dtype),
     ], schema=sentences_schema(dim, dtype))
-    return documents, sentences
+    heads = pa.Table.from_arrays([
+        pa.array(headings.paths, pa.string()),
+        _fixed_list(np.asarray(headings.emb, np.float32).reshape(-1, dim), dtype),
+    ], schema=headings_schema(dim, dtype))
+    return documents, sentences, heads
 
 
 def write_shard(ctx: IngestContext, unit_id: int, k: int, docs: Sequence[Document], sents: Sequence[Sentences],
-                emb: np.ndarray) -> dict:
-    """Stage write: both Parquet files of a shard into _staging/, each atomically -> the shard's record (names,
-    counts, digests, doc_ids). The driver renames them into documents/ and sentences/ when it commits."""
+                emb: np.ndarray, headings: Headings) -> dict:
+    """Stage write: the three Parquet files of a shard into _staging/, each atomically -> the shard's record
+    (names, counts, digests, doc_ids). The driver renames them into documents/, sentences/ and headings/ when it
+    commits."""
     label = shard_label(ctx, unit_id, k)
     if len(emb) != sum(len(s) for s in sents):
         raise QascError(f"shard {label}: {len(emb)} embeddings for {sum(len(s) for s in sents)} sentences")
     if not np.isfinite(emb).all():
         raise QascError(f"shard {label}: NaN/inf embeddings; refusing to store them")
     root = Path(ctx.root)
-    documents, sentences = shard_tables(docs, sents, emb, ctx.dtype)
+    if len(headings.rows) != len(emb) or len(headings.emb) != len(headings.paths):
+        raise QascError(f"shard {label}: {len(headings.rows)} heading ids for {len(emb)} sentences, "
+                        f"{len(headings.emb)} heading vectors for {len(headings.paths)} paths")
+    documents, sentences, heads = shard_tables(docs, sents, emb, ctx.dtype, headings)
     name = staged_name(unit_id, k)
     record = {"unit": unit_id, "index": k, "documents": f"{STAGED_DOCUMENTS}/{name}",
-              "sentences": f"{STAGED_SENTENCES}/{name}", "n_documents": len(docs), "n_sentences": len(emb),
+              "sentences": f"{STAGED_SENTENCES}/{name}", "headings": f"{STAGED_HEADINGS}/{name}",
+              "n_documents": len(docs), "n_sentences": len(emb), "n_headings": len(headings.paths),
               "dim": int(emb.shape[1]), "chars": sum(len(d.text) for d in docs)}
     try:
         atomic_parquet(documents, root / record["documents"], DOCUMENT_ROW_GROUP)
         atomic_parquet(sentences, root / record["sentences"], SENTENCE_ROW_GROUP)
-        record["checksums"] = {rel: file_digest(root / rel) for rel in (record["documents"], record["sentences"])}
+        atomic_parquet(heads, root / record["headings"], HEADING_ROW_GROUP)
+        record["checksums"] = {rel: file_digest(root / rel)
+                               for rel in (record["documents"], record["sentences"], record["headings"])}
     except OSError as exc:
         raise ResumableError(f"cannot write shard {label} into {root}: {exc.strerror or exc}; finished shards "
                              f"are kept, run the same ingest again to resume") from None
@@ -209,7 +255,9 @@ class LocalRunner:
                     continue
                 sents = split_shard(docs, ctx, tokenizer)
                 progress.split(sum(len(d.text) for d in docs), sum(len(s) for s in sents))
-                emb = embed_shard(sents, self.embedder, shard_label(ctx, unit.unit_id, k), progress.advance)
-                on_shard(write_shard(ctx, unit.unit_id, k, docs, sents, emb))
-                del docs, sents, emb
+                label = shard_label(ctx, unit.unit_id, k)
+                emb = embed_shard(sents, self.embedder, label, progress.advance)
+                heads = embed_headings(sents, self.embedder, label)
+                on_shard(write_shard(ctx, unit.unit_id, k, docs, sents, emb, heads))
+                del docs, sents, emb, heads
             on_unit({"unit": unit.unit_id, "shards": n, "jsonl_counts": counts})

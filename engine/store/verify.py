@@ -42,12 +42,14 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
 
     docs: list[Sentences] = []
     embs: list[np.ndarray] = []
+    head_embs: list[np.ndarray] = []
     problems = []
     for shard in manifest["shards"]:
         try:
-            d, _, _, e = load_shard(root, shard, manifest)
+            d, _, _, e, h = load_shard(root, shard, manifest)
             docs.extend(d)
             embs.append(e)
+            head_embs.append(h.emb)
         except QascError as exc:
             problems.append(str(exc))
     n_sent = sum(len(d) for d in docs)
@@ -86,17 +88,21 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
     dim = int(manifest["dim"])
     emb = np.concatenate(embs) if embs else np.zeros((0, dim), np.float32)
     problems = []
-    if len(emb):
-        if not np.isfinite(emb).all():
-            problems.append(f"{int((~np.isfinite(emb)).any(1).sum())} embeddings hold NaN/inf")
+    for what, vecs in (("embeddings", emb), ("heading embeddings", np.concatenate(head_embs or [emb[:0]]))):
+        if not len(vecs):
+            continue
+        if not np.isfinite(vecs).all():
+            problems.append(f"{int((~np.isfinite(vecs)).any(1).sum())} {what} hold NaN/inf")
         else:
-            norms = np.linalg.norm(emb.astype(np.float32, copy=False), axis=1)
+            norms = np.linalg.norm(vecs.astype(np.float32, copy=False), axis=1)
             tol = 1e-2 if manifest["dtype"] == "float16" else 1e-3
             if np.abs(norms - 1).max() > tol:
-                problems.append(f"{int((np.abs(norms - 1) > tol).sum())} embeddings are not unit-norm")
+                problems.append(f"{int((np.abs(norms - 1) > tol).sum())} {what} are not unit-norm")
     if not loaded:
         problems.append("not checked: tables unreadable")
-    check("embeddings", problems, f"{len(emb)} x {dim} {manifest['dtype']}, finite, unit norm")
+    n_heads = sum(len(h) for h in head_embs)
+    check("embeddings", problems, f"{len(emb)} x {dim} {manifest['dtype']} (+ {n_heads} heading paths), finite, "
+                                  f"unit norm")
 
     problems = []
     try:

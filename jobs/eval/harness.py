@@ -21,6 +21,7 @@ import numpy as np
 
 from engine.errors import QascError
 from jobs.eval import baselines as B
+from jobs.eval import context as C
 from jobs.eval import peers as P
 from jobs.eval import qasc as Q
 from jobs.eval.crossval import CVResult, best_in_sample, leave_one_corpus_out
@@ -38,6 +39,7 @@ from jobs.eval.retrieval import (
     sha,
     within_budget,
 )
+from kernels.params import QascParams
 
 DEFAULT_CACHE_DIR = os.environ.get("QASC_EVAL_CACHE", str(Path.home() / ".cache" / "qasc" / "eval"))
 QUICK_CORPORA = ("chatlogs", "state_of_the_union")
@@ -70,6 +72,7 @@ class EvalConfig:
     device: str = "auto"
     dtype: str = "fast"  # fast: bfloat16 on a CPU with native bf16 (5x faster there), else the engine's auto
     grid: str = "full"  # full | quick
+    baseline_context: bool = True  # also rank every baseline with QASC's heading context ("<name> + same context")
 
 
 @dataclass
@@ -179,12 +182,24 @@ def make_chunkers(names: Sequence[str], embedder, sentence_source, cfg: EvalConf
 
 
 def baseline_run(chunks: ChunkSet, chunker: B.Chunker, query_emb: np.ndarray, questions: Sequence[Question],
-                 cfg: EvalConfig, cutter: TokenCutter) -> MethodRun:
+                 cfg: EvalConfig, cutter: TokenCutter, context: tuple | None = None) -> MethodRun:
+    """One baseline's candidates; context = (corpora, engine, embedder, cache, weight): ranked with QASC's heading
+    context instead (jobs/eval/context.py), named `<name> + same context`."""
     t0 = time.perf_counter()
     small = float(np.percentile(chunks.n_tokens, 10)) if len(chunks) else 1.0
     depth = min(len(chunks), max(max(cfg.ks), min(RANK_DEPTH_MAX, int(max(cfg.budgets) / max(small, 1.0)) + 4)))
-    ranked = ranked_hits(chunks, query_emb, max(depth, 1)) if len(chunks) else [[] for _ in questions]
-    run = MethodRun(chunker.name, chunker.family, chunker.note, {}, {})
+    name, note = chunker.name, chunker.note
+    if not len(chunks):
+        ranked = [[] for _ in questions]
+    elif context is not None:
+        corpora, engine, embedder, cache, weight = context
+        paths, path = C.chunk_paths(chunks, corpora)
+        ranked = C.context_ranked(chunks, query_emb, path, C.path_vectors(paths, engine, embedder, cache), weight,
+                                  max(depth, 1))
+        name, note = name + C.SUFFIX, f"{note}; ranked by cos + QASC's heading context (w={weight:g})"
+    else:
+        ranked = ranked_hits(chunks, query_emb, max(depth, 1))
+    run = MethodRun(name, chunker.family, note, {}, {})
     sels = [f"k={k}" for k in cfg.ks] + [f"budget={b}" for b in cfg.budgets]
     # retrieval recipes (LlamaIndex sentence window, auto-merging) turn ranked nodes into what they return
     recipe = getattr(chunker, "retrieval_views", None)
@@ -277,9 +292,11 @@ def default_engine_factory(dataset: Dataset, cache: EvalCache, out_dir: Path, de
     fp = model_fingerprint(resolve_model_path(None))
     root = cache.root / "stores" if cache.root else out_dir / "stores"
     from engine.splitter import SplitterConfig
+    from engine.store.schema import FORMAT_VERSION
 
     splitter = sha(json.dumps(SplitterConfig().describe(), sort_keys=True))[:8]  # a new splitter default: new store
-    store_dir = root / f"{dataset.name}-{dataset.corpora_fingerprint()}-{fp}-{dtype}-{splitter}"
+    # a new store format (2: heading paths) is a new store too
+    store_dir = root / f"{dataset.name}-{dataset.corpora_fingerprint()}-{fp}-{dtype}-{splitter}-v{FORMAT_VERSION}"
     if existing_manifest(store_dir) is None:
         log(f"building the QASC store {store_dir}")
         t0 = time.perf_counter()
@@ -428,10 +445,16 @@ def query_embeddings(embedder, questions: Sequence[Question], cache: EvalCache) 
 
 def evaluate_methods(dataset: Dataset, query_emb: np.ndarray, chunksets: dict[str, tuple[B.Chunker, ChunkSet]],
                      engine, grid: Sequence[Q.Setting], cfg: EvalConfig, cutter: TokenCutter,
-                     log) -> dict[str, MethodRun]:
+                     log, embedder=None, cache: EvalCache | None = None) -> dict[str, MethodRun]:
+    """Every baseline (and, with cfg.baseline_context and an embedder, each again with QASC's heading context)
+    and QASC's grid -> their runs by name."""
     runs: dict[str, MethodRun] = {}
+    weight = QascParams().context_weight
     for name, (chunker, chunks) in chunksets.items():
         runs[name] = baseline_run(chunks, chunker, query_emb, dataset.questions, cfg, cutter)
+        if cfg.baseline_context and weight > 0 and embedder is not None:  # QASC's retrieval lever, fair table
+            runs[name + C.SUFFIX] = baseline_run(chunks, chunker, query_emb, dataset.questions, cfg, cutter,
+                                                 (dataset.corpora, engine, embedder, cache, weight))
     if engine is not None:
         runs["qasc"] = qasc_run(engine, query_emb, dataset.questions, grid, cfg, cutter, log)
     return runs
@@ -496,7 +519,7 @@ def prepare_runs(cfg: EvalConfig, embedder, cache: EvalCache, log, engine_factor
     cutter = TokenCutter(embedder.tokenizer, ds.corpora)
     grid = Q.qasc_grid(quick=cfg.quick or cfg.grid == "quick")
     t0 = time.perf_counter()
-    runs = evaluate_methods(ds, qemb, chunksets, engine, grid, cfg, cutter, log)
+    runs = evaluate_methods(ds, qemb, chunksets, engine, grid, cfg, cutter, log, embedder, cache)
     timings["retrieve_and_score"] = time.perf_counter() - t0
     return SetRun(ds, runs, engine, qemb, cutter, chunksets, grid, dtype, timings)
 
@@ -604,7 +627,7 @@ def run_ppl_subset(ds: Dataset, qemb: np.ndarray, chunksets, engine_factory, emb
     engine = (engine_factory(sub, cache, out_dir, cfg.device, dtype, log, embedder=embedder)
               if "qasc" in cfg.methods else None)
     cutter = TokenCutter(embedder.tokenizer, sub.corpora)
-    runs = evaluate_methods(sub, sub_qemb, sub_sets, engine, grid, cfg, cutter, log)
+    runs = evaluate_methods(sub, sub_qemb, sub_sets, engine, grid, cfg, cutter, log, embedder, cache)
     res, _ = views(runs, sub, cfg)
     return {"corpora": keep, "chars": chars, "questions": len(sub.questions),
             "share_of_chars": chars / sum(len(t) for t in ds.corpora.values()),

@@ -21,6 +21,7 @@ import numpy as np
 
 from engine.errors import QascError
 from jobs.eval import qasc as Q
+from jobs.eval.context import SUFFIX as CONTEXT_SUFFIX
 from jobs.eval.crossval import CVResult, best_in_sample, leave_one_corpus_out
 from jobs.eval.harness import (
     BUDGET_CRITERION,
@@ -128,14 +129,15 @@ def suite_ablations(sets: Sequence[SetRun], res: CVResult, cfg: EvalConfig, log)
 
 
 def suite_targets(heldout: dict, recall400: dict, set_names: Sequence[str]) -> dict:
-    """Per set: QASC's held-out F1 against sentences, the best fixed/recursive chunker and the best peer."""
+    """Per set: QASC's held-out F1 against sentences, the best fixed/recursive chunker and the best peer (each
+    group's best, with or without the same heading context)."""
     out: dict = {}
     if "qasc" not in heldout:
         return out
     for name in set_names:
         q = heldout["qasc"]["sets"][name]["f1"]["mean"]
         row: dict = {}
-        groups = {"sentences": ["sentences"],
+        groups = {"sentences": ["sentences", "sentences" + CONTEXT_SUFFIX],  # with QASC's heading context too
                   "fixed_or_recursive": [n for n, e in heldout.items() if e["family"] in FIXED_FAMILIES],
                   "peer": [n for n, e in heldout.items() if e["family"] == PEER_FAMILY]}
         for group, members in groups.items():

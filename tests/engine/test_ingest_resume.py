@@ -24,12 +24,12 @@ TOPICS = ["lighthouse", "lens", "bread", "dough", "solar", "battery", "river", "
 
 
 def corpus(folder: Path, names: list[str]) -> Path:
-    """One document per name, 40 sentences each (about 2.4k characters)."""
+    """One document per name under two headings, 40 sentences each (about 2.4k characters)."""
     docs = {}
     for n, name in enumerate(names):
         words = [TOPICS[(n + i) % len(TOPICS)] for i in range(40)]
-        docs[name] = " ".join(f"Sentence {i} of {name} is about the {w} and number {i * n}." for i, w in
-                              enumerate(words))
+        docs[name] = f"# Notes on {name}\n\n## The {TOPICS[n % len(TOPICS)]}\n\n" + " ".join(
+            f"Sentence {i} of {name} is about the {w} and number {i * n}." for i, w in enumerate(words))
     return write_corpus(folder, docs)
 
 
@@ -79,8 +79,8 @@ def test_sigkill_at_several_points_then_rerun(tmp_path, tiny_model, capsys):
     assert done.returncode == 0, done.stderr
     assert "8 shard(s) resumed" in done.stdout and "resuming, 8 finished shard(s)" in done.stderr
     assert not (store / "_staging").exists()
-    assert sorted(p.name for p in store.iterdir()) == [".lock", "documents", "index-0001.faiss", "manifest.json",
-                                                       "sentences"]
+    assert sorted(p.name for p in store.iterdir()) == [".lock", "documents", "headings", "index-0001.faiss",
+                                                       "manifest.json", "sentences"]
     assert_same_store(reference, snapshot(store))  # same rows, same embeddings, same index, same Parquet bytes
     assert main(["verify", "--store", str(store)]) == 0
 

@@ -202,7 +202,8 @@ def test_run_eval_end_to_end(tmp_path, embedder):
                      ks=(1, 2, 3), budgets=(10, 20), n_boot=50, grid="quick")
     res = run_eval(cfg, engine_factory=fake_factory(engines), embedder=embedder, log=lambda m: None)
     held = res["heldout"]
-    assert set(held) == {"fixed-8", "fixed-16", "recursive-60c", "sentences", "semantic", "qasc"}
+    base = {"fixed-8", "fixed-16", "recursive-60c", "sentences", "semantic"}
+    assert set(held) == base | {"qasc"} | {f"{m} + same context" for m in base}  # baselines with QASC's context
     for name, e in held.items():
         assert 0 <= e["f1"]["lo"] <= e["f1"]["mean"] <= e["f1"]["hi"] <= 100, name
         assert len(e["folds"]) == 3

@@ -1,0 +1,74 @@
+"""The same heading context for the baselines: `qasc eval` ranks every baseline's chunks a second time with
+QASC's query-gated heading boost, so the chunking comparison stays fair (the context is a retrieval lever).
+
+A chunk's heading path is the path in force at its first character (engine.splitter.heading_paths, the same
+rule as the store's sentences); its vector is the store's (same text, same model) or, for a path the store
+lacks, embedded here. Ranking is exact and dense: cos (Q, N) over every chunk, the gate over the distinct
+paths of the top CONTEXT_POOL chunks, boost = w * spread * (c - cref), the best `depth` by cos + boost.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+
+from engine.splitter import heading_paths
+from jobs.eval.retrieval import ChunkSet, EvalCache, Hit, model_key, sha
+from kernels.context import context_boost, heading_gate
+
+CONTEXT_POOL = 32  # the same pool as the engine's gate (engine.query.CONTEXT_POOL)
+SUFFIX = " + same context"
+
+
+def chunk_paths(chunks: ChunkSet, corpora: Mapping[str, str]) -> tuple[list[str], np.ndarray]:
+    """-> (distinct heading paths, (N,) int64 each chunk's path at its start, -1: none)."""
+    paths: dict[str, int] = {}
+    ids = np.full(len(chunks), -1, np.int64)
+    doc_ids = np.asarray(chunks.doc_ids, dtype=object)
+    for cid in dict.fromkeys(chunks.doc_ids):
+        sel = np.flatnonzero(doc_ids == cid)
+        local, at = heading_paths(corpora[cid], chunks.starts[sel])
+        remap = np.array([paths.setdefault(p, len(paths)) for p in local] + [-1], dtype=np.int64)
+        ids[sel] = remap[at]
+    return list(paths), ids
+
+
+def path_vectors(paths: list[str], engine, embedder, cache: EvalCache | None = None) -> np.ndarray:
+    """paths (H) -> (H, dim) float32: the store's vectors where it has the path, the rest embedded (through
+    the cache when one is given)."""
+    store = getattr(engine, "store", None)
+    known = dict(zip(getattr(store, "heading_paths", []), getattr(store, "heading_emb", []), strict=True))
+    missing = [p for p in paths if p not in known]
+    if missing:
+        key = f"{model_key(embedder)}|headings|{sha(json.dumps(missing))}"
+        got = cache.load_arrays("emb", key) if cache is not None else None
+        vecs = got["emb"] if got is not None else embedder.encode(missing)
+        if got is None and cache is not None:
+            cache.save_arrays("emb", key, emb=np.asarray(vecs, np.float32))
+        known.update(zip(missing, vecs, strict=True))
+    return np.stack([known[p] for p in paths]).astype(np.float32) if paths else np.zeros((0, 1), np.float32)
+
+
+def context_ranked(chunks: ChunkSet, query_emb: np.ndarray, path: np.ndarray, path_emb: np.ndarray, weight: float,
+                   depth: int) -> list[list[Hit]]:
+    """query_emb (Q, dim), path (N,) int64, path_emb (H, dim) -> per query its `depth` best chunks by cos + boost
+    (ties: the earlier chunk), each Hit scored with cos + boost."""
+    q = torch.as_tensor(np.asarray(query_emb, dtype=np.float32))
+    cos = q @ torch.as_tensor(chunks.emb).T  # (Q, N)
+    n = cos.shape[1]
+    if n == 0 or not len(path_emb) or weight == 0:
+        score = cos
+    else:
+        pid = torch.as_tensor(path).expand_as(cos)
+        c = torch.where(pid >= 0, (q @ torch.as_tensor(path_emb).T).gather(1, pid.clamp(min=0)), torch.zeros_like(cos))
+        pool = cos.topk(min(CONTEXT_POOL, n), dim=1).indices
+        spread, cref = heading_gate(c.gather(1, pool), pid.gather(1, pool), torch.ones_like(pool, dtype=torch.bool))
+        score = cos + context_boost(c, pid, torch.ones_like(pid, dtype=torch.bool), spread, cref, weight)
+    order = score.sort(dim=1, descending=True, stable=True).indices[:, :depth]
+    best = score.gather(1, order)
+    starts, ends, toks = chunks.starts.tolist(), chunks.ends.tolist(), chunks.n_tokens.tolist()
+    return [[(chunks.doc_ids[i], starts[i], ends[i], toks[i], s, 0) for s, i in zip(rs, ri, strict=True)]
+            for rs, ri in zip(best.tolist(), order.tolist(), strict=True)]

@@ -1,0 +1,56 @@
+"""Query-gated heading context: how strongly the headings above the candidate rows should move their scores.
+
+Each candidate row may sit under a heading path (its document's level-1 > level-2 markdown headings); c is the
+cosine between the query and that path's embedding. The gate looks at the distinct paths among a query's pool
+of best rows: when one path matches the query far better than the typical path (spread = best - median), the
+headings name what the question is about, and rows under the best paths are lifted (the others lowered) in
+proportion to that spread; when all paths match alike (uninformative headings such as "Excerpt 1.2") or no row
+has a heading, the boost is (close to) zero and scoring is today's. Used by engine/query.py (Engine.run_batch)
+with QascParams.context_weight as the weight.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def heading_gate(
+    pool_c: torch.Tensor, pool_path: torch.Tensor, pool_valid: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """pool_c (Q, M) float, pool_path (Q, M) int64 (-1 = no heading), pool_valid (Q, M) bool -> spread (Q,),
+    cref (Q,) float.
+
+    Over the distinct paths of each row's valid pool entries with a heading (a path's c is taken from its first
+    position): cref = their median c (mean of the two middle values for an even count), spread = max c - cref.
+    Both are 0 for rows with no such entry.
+    """
+    q, m = pool_c.shape
+    zeros = pool_c.new_zeros(q)
+    if m == 0:
+        return zeros, zeros.clone()
+    ok = pool_valid & (pool_path >= 0)
+    big = torch.iinfo(torch.int64).max
+    key = torch.where(ok, pool_path, torch.full_like(pool_path, big))
+    skey, order = key.sort(dim=1, stable=True)
+    sc = pool_c.gather(1, order)
+    first = skey != big
+    first[:, 1:] &= skey[:, 1:] != skey[:, :-1]
+    n = first.sum(dim=1)
+    vals = torch.where(first, sc, torch.full_like(sc, float("inf"))).sort(dim=1).values
+    lo = ((n - 1).clamp(min=0) // 2)[:, None]
+    hi = (n // 2).clamp(max=m - 1)[:, None]
+    cref = (vals.gather(1, lo) + vals.gather(1, hi)).squeeze(1) / 2
+    best = torch.where(first, sc, torch.full_like(sc, float("-inf"))).max(dim=1).values
+    has = n > 0
+    return torch.where(has, best - cref, zeros), torch.where(has, cref, zeros)
+
+
+def context_boost(
+    c: torch.Tensor, path: torch.Tensor, valid: torch.Tensor, spread: torch.Tensor, cref: torch.Tensor,
+    weight: float,
+) -> torch.Tensor:
+    """c (Q, L) float, path (Q, L) int64 (-1 = no heading), valid (Q, L) bool, spread/cref (Q,) float, weight
+    -> boost (Q, L) float: weight * spread * (c - cref) on valid rows with a heading, 0 elsewhere (add it to the
+    rows' similarities before seeding and extents)."""
+    boost = weight * spread[:, None] * (c - cref[:, None])
+    return torch.where(valid & (path >= 0), boost, torch.zeros_like(boost))

@@ -1,0 +1,48 @@
+"""`qasc eval`'s "+ same context" baselines: chunks ranked by cos + QASC's heading boost."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jobs.eval.context import chunk_paths, context_ranked, path_vectors
+from jobs.eval.retrieval import ChunkSet
+
+BODY = "We never sell your personal data to advertisers."
+DOCS = {"a": f"# Privacy policy of a.com\n\n{BODY}\n", "b": f"# Privacy policy of b.com\n\n{BODY}\n",
+        "c": "Plain notes without a heading. Bread needs a long proof."}
+
+
+def _chunks(embedder) -> ChunkSet:
+    spans = [("a", 0, 24), ("a", 26, 26 + len(BODY)), ("b", 0, 24), ("b", 26, 26 + len(BODY)), ("c", 0, 30),
+             ("c", 31, 57)]
+    texts = [DOCS[d][s:e] for d, s, e in spans]
+    return ChunkSet("test", [d for d, _, _ in spans], np.array([s for _, s, _ in spans]),
+                    np.array([e for _, _, e in spans]), np.full(len(spans), 8, np.int32),
+                    np.asarray(embedder.encode(texts), np.float32))
+
+
+def test_chunk_paths_are_the_heading_at_the_chunk_start(embedder):
+    chunks = _chunks(embedder)
+    paths, ids = chunk_paths(chunks, DOCS)
+    assert [paths[i] if i >= 0 else None for i in ids] == [
+        "Privacy policy of a.com", "Privacy policy of a.com", "Privacy policy of b.com", "Privacy policy of b.com",
+        None, None]
+    vecs = path_vectors(paths, None, embedder)  # no store: embedded here
+    np.testing.assert_allclose(vecs, embedder.encode(paths), atol=1e-6)
+
+
+def test_context_ranks_the_named_documents_chunk_first(embedder):
+    chunks = _chunks(embedder)
+    paths, ids = chunk_paths(chunks, DOCS)
+    vecs = path_vectors(paths, None, embedder)
+    q = embedder.encode(["[b.com] Do you sell my data?"])
+    plain = context_ranked(chunks, q, ids, vecs, 0.0, 6)[0]
+    cos = (q @ chunks.emb.T)[0]
+    np.testing.assert_allclose([h[4] for h in plain], sorted(cos.tolist(), reverse=True), atol=1e-6)  # w = 0
+    a_body, b_body = ([h for h in plain if h[0] == d and h[1] == 26][0] for d in ("a", "b"))
+    assert abs(a_body[4] - b_body[4]) < 1e-6  # identical sentences tie without context
+    boosted = context_ranked(chunks, q, ids, vecs, 12.0, 6)[0]
+    rank = {(h[0], h[1]): i for i, h in enumerate(boosted)}
+    assert rank[("b", 26)] < rank[("a", 26)] and rank[("b", 0)] < rank[("a", 0)]
+    no_heads = context_ranked(chunks, q, np.full(len(chunks), -1), vecs, 12.0, 6)[0]
+    assert no_heads == plain  # no chunk under a heading: the boost is 0
