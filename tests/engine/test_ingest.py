@@ -137,7 +137,7 @@ def test_append_refuses_other_model_and_duplicates(tmp_path, tiny_model):
     ingest([str(first)], store, tiny(tiny_model))
     before = Store.open(store)
     summary = ingest([str(second)], store)  # settings come from the store
-    after = Store.open(store)
+    after = Store.open(store, load_index=True)
     assert summary["documents"] == 2 and summary["store_documents"] == 3
     assert after.doc_ids == ["one", "three", "two"] and after.manifest["generation"] == 2
     np.testing.assert_array_equal(after.embeddings[: len(before)], before.embeddings)
