@@ -327,10 +327,8 @@ class Engine:
         retrieval: RetrievalConfig | None = None,
         slice_size: int = DEFAULT_SLICE_SIZE,
     ) -> list[list[Chunk]]:
-        """query_emb (Q, dim) -> per query, its chunks in rank order; runs in slices of `slice_size`.
-
-        query_emb may be on any device and of any float dtype (a numpy array too): it is moved to the engine's
-        device and dtype first."""
+        """query_emb (Q, dim) -> per query, its chunks in rank order; runs in slices of `slice_size` (through
+        `query_columns`, which moves query_emb to the engine's device as float32)."""
         out: list[list[Chunk]] = []
         for _, cols in self.query_columns(query_emb, params, retrieval, slice_size):
             out.extend(cols.to_chunks(self.row_table.doc_ids))
