@@ -16,15 +16,15 @@ class QascParams:
 
     Defaults: the setting the development suite (`qasc eval` over chroma_general, tatqa_finance, medquad_health,
     policyqa_privacy) chose on all four sets together, the same one its chroma_general fold chose on the other
-    three: pooled extents (runs of up to 3 sentences holding a p75 seed, clipped to the paragraph, and whole
+    three: pooled extents (runs of up to 3 sentences holding a p90 seed, clipped to the paragraph, and whole
     sections complete in the candidate region, with a length bonus 0.02 ln(sentences)), the best chunk, its
-    neighbours within 6 sentences and chunks elsewhere within 0.02 of it, every chunk within 0.1 of the best,
+    neighbours within 6 sentences and chunks elsewhere within 0.02 of it, every chunk within 0.05 of the best,
     at most 10 (with RetrievalConfig depth 16, neighbourhood 4). The window-mode fields keep the setting the same
     cross-validation chose among windows (adaptive up to m=3 within 0.1 of the seed, window-max ranking).
     See bench/RESULTS.md.
     """
 
-    percentile: float = 75.0  # seeds: sims >= the p-th percentile tau of the row (0..100)
+    percentile: float = 90.0  # seeds: sims >= the p-th percentile tau of the row (0..100)
     min_seeds: int = 1  # the most similar sentences that are always seeds
     max_seeds: int | None = None  # at most this many seeds per query (None: no cap)
     radius: int = 3  # window: m sentences each side (fixed), or the most it may grow (adaptive)
@@ -45,7 +45,7 @@ class QascParams:
     score: str = "window_max"  # chunk score: best kept seed similarity, or max/mean window score
     top_k: int | None = 10  # chunks returned per query (None: no limit)
     budget_tokens: int | None = None  # at most this many tokens returned per query
-    score_margin: float | None = 0.1  # return only chunks scoring >= best - margin
+    score_margin: float | None = 0.05  # return only chunks scoring >= best - margin
     focus_gap: int | None = 6  # return only the best chunk and chunks <= this many sentences from it
     far_margin: float | None = 0.02  # focus: also keep chunks elsewhere scoring >= best - far_margin
     block_extents: str = "section"  # pooled: whole paragraphs / sections (complete in the row) are candidates too
