@@ -21,6 +21,7 @@ import pickle
 import signal
 import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from typing import NoReturn
 
 import numpy as np
 
@@ -104,6 +105,18 @@ def _qasc_cause(exc: BaseException) -> QascError | None:
     return None
 
 
+def _reraise(exc: Exception, failed: str, kept: str) -> NoReturn:
+    """A Ray failure -> the QascError / ResumableError raised inside the task as itself, anything else (a lost
+    node, a killed worker) as a ResumableError: '<failed> (<error>); <kept>, run the same ingest again'."""
+    cause = _qasc_cause(exc)
+    if cause is not None:
+        kind = ResumableError if isinstance(cause, ResumableError) else QascError
+        raise kind(str(cause.args[0]) if cause.args else str(cause)) from None
+    text = str(exc).strip().splitlines()
+    raise ResumableError(f"{failed} ({type(exc).__name__}: {text[0] if text else ''}); {kept}, run the same "
+                         f"ingest again to resume") from None
+
+
 def run_ray(
     units: Sequence[InputUnit],
     ctx: IngestContext,
@@ -167,13 +180,7 @@ def run_ray(
     except QascError:
         raise
     except Exception as exc:
-        cause = _qasc_cause(exc)
-        if cause is not None:
-            kind = ResumableError if isinstance(cause, ResumableError) else QascError
-            raise kind(str(cause.args[0]) if cause.args else str(cause)) from None
-        text = str(exc).strip().splitlines()
-        raise ResumableError(f"the Ray pipeline failed ({type(exc).__name__}: {text[0] if text else ''}); "
-                             f"finished shards are kept, run the same ingest again to resume") from None
+        _reraise(exc, "the Ray pipeline failed", "finished shards are kept")
     finally:
         if started:
             ray.shutdown()
@@ -211,3 +218,34 @@ class RayRunner:
             on_shard: Callable[[dict], None], on_unit: Callable[[dict], None], progress) -> None:
         run_ray(units, ctx, done, workers=self.workers, ray_address=self.ray_address, on_shard=on_shard,
                 on_unit=on_unit, on_split=progress.split)
+
+    def build_index(self, root: str, shards: list[dict], old: dict | None, kind: str, dim: int, index_file: str,
+                    log: Callable[[str], None]) -> dict:
+        """The index built and written by one Ray task (`build_index_remote`): the driver gets its manifest entry."""
+        return build_index_remote(root, shards, old, kind, dim, index_file, log)
+
+
+def _build_index_task(root: str, shards: list[dict], old: dict | None, kind: str, dim: int, index_file: str) -> dict:
+    from engine.store.index import build_index_file
+    from engine.store.progress import log_stderr
+
+    return build_index_file(root, shards, old, kind, dim, index_file, log_stderr)
+
+
+def build_index_remote(root: str, shards: list[dict], old: dict | None, kind: str, dim: int, index_file: str,
+                       log: Callable[[str], None]) -> dict:
+    """`engine.store.index.build_index_file` in a Ray task on one node (root: a path that node can read and
+    write) -> the manifest entry; the driver holds neither vectors nor index. The task asks for the CPUs of the
+    largest node (the embedding actors are gone by now), so that faiss's k-means threads have them (Ray sets
+    OMP_NUM_THREADS to a task's CPUs). A QascError / ResumableError of the task is raised as itself."""
+    import ray
+
+    cpus = max([int(n["Resources"].get("CPU", 0)) for n in ray.nodes() if n.get("Alive")] + [1])
+    log(f"qasc ingest: building the index in a Ray task ({cpus} CPU)")
+    task = ray.remote(num_cpus=cpus, max_retries=0)(_build_index_task)
+    try:
+        return ray.get(task.remote(root, shards, old, kind, dim, index_file))
+    except QascError:
+        raise
+    except Exception as exc:
+        _reraise(exc, "building the index on Ray failed", "the shards are committed")

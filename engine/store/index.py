@@ -16,13 +16,14 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from engine.errors import QascError
-from engine.store.files import file_digest, read_table
+from engine.store.files import ResumableError, atomic_write_with, file_digest, read_table
 from engine.store.schema import embeddings_of
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
@@ -30,7 +31,8 @@ AUTO_FLAT_MAX = 200_000  # rows; exact search over more than this is slower than
 HNSW_M = 32
 HNSW_EF_CONSTRUCTION = 80
 HNSW_EF_SEARCH = 128
-IVF_TRAIN_PER_LIST = 64  # k-means training points per inverted list
+IVF_TRAIN_PER_LIST = 64  # k-means training points per inverted list ...
+IVF_TRAIN_BYTES = 1 << 27  # ... up to this many bytes of float32 sample (87,381 vectors at dim 384; README "Indexes")
 IVF_SEED = 1234
 IVF_NITER = 10  # k-means iterations (faiss's default 25 costs 2.5x the training time for no measured recall)
 IVF_CODES = ("Flat", "SQfp16", "SQ8")  # what an inverted list holds per vector: float32, float16, 8-bit codes
@@ -122,12 +124,18 @@ def train(index, sample: np.ndarray) -> None:
     ivf = faiss.extract_index_ivf(index)
     ivf.cp.seed = IVF_SEED
     ivf.cp.niter = IVF_NITER
+    # a capped sample (training_sample) gives fewer points per list than faiss's advice of 39; say it once in
+    # the README rather than on every ingest's stderr (the value only gates that warning)
+    ivf.cp.min_points_per_centroid = max(1, min(int(ivf.cp.min_points_per_centroid), len(sample) // ivf.nlist))
     index.train(np.ascontiguousarray(sample, dtype=np.float32))
 
 
-def training_sample(n_rows: int, nlist: int) -> np.ndarray:
-    """Which rows (sorted int64) train an ivf index: evenly spaced, IVF_TRAIN_PER_LIST per list."""
-    want = min(n_rows, max(nlist * IVF_TRAIN_PER_LIST, nlist))
+def training_sample(n_rows: int, nlist: int, dim: int) -> np.ndarray:
+    """Which rows (sorted int64) train an ivf index of nlist lists over dim-wide vectors: evenly spaced,
+    IVF_TRAIN_PER_LIST per list, at most IVF_TRAIN_BYTES of float32 (and at least one per list): the training
+    memory stays bounded whatever the store's size (above ~150k rows at dim 384 the lists get fewer than 64)."""
+    cap = max(nlist, IVF_TRAIN_BYTES // (4 * max(dim, 1)))
+    want = min(n_rows, max(min(nlist * IVF_TRAIN_PER_LIST, cap), nlist))
     return np.unique(np.linspace(0, n_rows - 1, num=want).astype(np.int64)) if n_rows else np.zeros(0, np.int64)
 
 
@@ -235,9 +243,72 @@ def search(index, query_emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray
     return scores, rows
 
 
+def _shard_vectors(root: Path, shard: dict, dim: int) -> np.ndarray:
+    """A shard record -> its sentences' vectors (n, dim) in the stored dtype (a read-only view of the Arrow
+    buffer, float16 for float16 stores); QascError when the file holds another number of rows than the record."""
+    emb = embeddings_of(read_table(root, shard["sentences"], ["embedding"]), dim, shard["sentences"], dtype=None)
+    if len(emb) != shard["n_sentences"]:
+        raise QascError(f"{root / shard['sentences']}: {len(emb)} embeddings, the manifest says {shard['n_sentences']}")
+    return emb
+
+
+def _train_from_shards(index, root: Path, shards: list[dict], n: int, nlist: int, dim: int) -> None:
+    """Trains an ivf index on `training_sample` rows gathered shard by shard into one preallocated float32
+    array (the sample is the only copy: no per-shard parts, no concatenation)."""
+    rows = training_sample(n, nlist, dim)
+    sample = np.empty((len(rows), dim), np.float32)
+    base = 0
+    for s in shards:
+        lo, hi = np.searchsorted(rows, [base, base + s["n_sentences"]])
+        if hi > lo:
+            sample[lo:hi] = _shard_vectors(root, s, dim)[rows[lo:hi] - base]
+        base += s["n_sentences"]
+    train(index, sample)
+
+
+def _add_shards(index, root: Path, shards: list[dict], dim: int) -> None:
+    """Appends the shards' vectors in row order, one shard in memory at a time (cast to float32 per shard).
+
+    An ivf index with array inverted lists is filled in two passes: the first assigns every row to its list
+    (N int64 kept), each list then gets exactly the capacity it will hold, and the second encodes the rows into
+    it (`add_core` with the kept assignment: the same index, bytes for bytes, as `index.add`). Growing the lists
+    by appends instead leaves them up to 2x their size, and the freed smaller copies fragment the heap; with
+    exact capacities the SQ8 codes (N x dim bytes) plus N x 8 bytes of ids are all that grows with N."""
+    faiss = _faiss()
+    ivf = index if isinstance(index, faiss.IndexIVF) else None  # not wrapped (a transform, a GPU index)
+    lists = faiss.downcast_InvertedLists(ivf.invlists) if ivf is not None else None
+    if ivf is None or not isinstance(lists, faiss.ArrayInvertedLists):
+        for s in shards:
+            add(index, _shard_vectors(root, s, dim))
+        return
+    assign = np.empty(sum(s["n_sentences"] for s in shards), np.int64)  # (N,) list of each new row
+    lo = 0
+    for s in shards:
+        x = np.ascontiguousarray(_shard_vectors(root, s, dim), dtype=np.float32)
+        if len(x):
+            assign[lo : lo + len(x)] = ivf.quantizer.assign(x, 1)[:, 0]
+        lo += len(x)
+    counts = np.bincount(assign, minlength=ivf.nlist)
+    for list_no in np.flatnonzero(counts).tolist():
+        have = lists.list_size(list_no)
+        lists.resize(list_no, have + int(counts[list_no]))  # allocates exactly the final size ...
+        lists.resize(list_no, have)  # ... and keeps that capacity (std::vector shrinks without freeing)
+    lo = 0
+    for s in shards:
+        x = np.ascontiguousarray(_shard_vectors(root, s, dim), dtype=np.float32)
+        if len(x):
+            a = np.ascontiguousarray(assign[lo : lo + len(x)])
+            index.add_core(len(x), faiss.swig_ptr(x), None, faiss.swig_ptr(a))
+        lo += len(x)
+
+
 def build_index(root: Path, shards: list[dict], old: dict | None, kind_requested: str, dim: int,
-                 log: Callable[[str], None]) -> tuple[bytes, dict]:
-    """All shard records (old + new, in order) -> (CPU index, manifest entry); write it with write_index_file."""
+                 log: Callable[[str], None]) -> tuple[object, dict]:
+    """All shard records (old + new, in order) -> (CPU index, manifest entry); write it with write_index_file.
+
+    Memory besides the index itself: one shard's vectors at a time, the ivf training sample (at most
+    IVF_TRAIN_BYTES of float32, plus faiss's residuals of at most 100k of its rows) and N x 8 bytes of list
+    assignments; never all rows at once (see `_add_shards`)."""
     n = sum(s["n_sentences"] for s in shards)
     kind = choose_kind(n, kind_requested)
     old_index = old["index"] if old else None
@@ -252,22 +323,29 @@ def build_index(root: Path, shards: list[dict], old: dict | None, kind_requested
         start = 0
         if kind == "ivf":
             log(f"qasc ingest: training an IVF index ({params['nlist']} lists) over {n} sentences")
-            rows = training_sample(n, params["nlist"])
-            sample, base = [], 0
-            for s in shards:
-                sel = rows[(rows >= base) & (rows < base + s["n_sentences"])] - base
-                if len(sel):
-                    emb = embeddings_of(read_table(root, s["sentences"], ["embedding"]), dim, s["sentences"])
-                    sample.append(emb[sel])
-                base += s["n_sentences"]
-            train(index, np.concatenate(sample))
-    for s in shards[start:]:
-        add(index, embeddings_of(read_table(root, s["sentences"], ["embedding"]), dim, s["sentences"]))
+            _train_from_shards(index, root, shards, n, params["nlist"], dim)
+    _add_shards(index, root, shards[start:], dim)
     if index.ntotal != n:
         raise QascError(f"index holds {index.ntotal} vectors for {n} sentences")
     entry = {"kind": kind, "requested": kind_requested, "metric": "inner_product", "ntotal": int(index.ntotal),
              "params": params}
     return index, entry
+
+
+def build_index_file(root: Path, shards: list[dict], old: dict | None, kind_requested: str, dim: int,
+                     index_file: str, log: Callable[[str], None] | None = None) -> dict:
+    """`build_index`, then the index written atomically (temp name, then rename) to root / index_file -> its
+    manifest entry (with "file"). What a shard runner's `build_index` calls where it builds: in the ingest
+    process (LocalRunner) or in a worker (jobs/ingest_ray.py), so that the Ray driver never holds an index.
+    QascError when the shards disagree with their records; ResumableError when the file cannot be written."""
+    index, entry = build_index(Path(root), shards, old, kind_requested, dim, log or (lambda line: None))
+    path = Path(root) / index_file
+    try:
+        atomic_write_with(path, partial(write_index_file, index))
+    except OSError as exc:
+        raise ResumableError(f"cannot write {path}: {exc.strerror or exc}; run the same ingest again to "
+                             f"resume") from None
+    return {**entry, "file": index_file}
 
 
 def load_index(root: Path, manifest: dict, nprobe: int | None = None):

@@ -19,7 +19,6 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +29,6 @@ from engine.store import index as faiss_index
 from engine.store.files import (
     ResumableError,
     atomic_write,
-    atomic_write_with,
     failpoint,
     file_digest,
     locked,
@@ -260,7 +258,9 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
             dim = dims.pop()
             records = staging.commit(first_id)
             all_shards = (old["shards"] if old else []) + [shard_entry(r) for r in records]
-            built, index_entry = faiss_index.build_index(root, all_shards, old, settings.index, dim, log)
+            generation = (old["generation"] if old else 0) + 1
+            index_file = f"index-{generation:04d}.faiss"
+            index_entry = runner.build_index(str(root), all_shards, old, settings.index, dim, index_file, log)
         except ResumableError:
             progress.close()
             raise
@@ -270,16 +270,12 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
             if created:
                 remove_new_store(root)
             raise
-        generation = (old["generation"] if old else 0) + 1
-        index_file = f"index-{generation:04d}.faiss"
         try:
-            atomic_write_with(root / index_file, partial(faiss_index.write_index_file, built))
             index_digest = file_digest(root / index_file)
         except OSError as exc:
-            raise ResumableError(f"cannot write {root / index_file}: {exc.strerror or exc}; run the same ingest "
+            raise ResumableError(f"cannot read {root / index_file}: {exc.strerror or exc}; run the same ingest "
                                  f"again to resume") from None
         failpoint("index-written")
-        index_entry["file"] = index_file
         seconds = time.perf_counter() - t0
         run = {"finished": now(), "documents": sum(r["n_documents"] for r in records),
                "sentences": sum(r["n_sentences"] for r in records), "embedded_here": embedded,
@@ -288,7 +284,6 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
         manifest = build_manifest(old, config, name, fingerprint, dim, dtype_store, splitter_desc, all_shards,
                                   records, index_entry, index_digest["sha256"], index_digest["bytes"], generation, run,
                                   settings.to_dict())
-        del built
         failpoint("before-manifest")
         atomic_write(root / MANIFEST, json.dumps(manifest, indent=1).encode())
         if old and old["index"]["file"] != index_file:

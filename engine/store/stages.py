@@ -24,6 +24,7 @@ from engine.config import EngineConfig
 from engine.errors import QascError
 from engine.splitter import SplitterConfig, heading_paths, split_sentences
 from engine.store.files import ResumableError, atomic_parquet, file_digest
+from engine.store.index import build_index_file
 from engine.store.inputs import Document, InputUnit, ReadOptions, read_unit
 from engine.store.schema import (
     DOCUMENT_ROW_GROUP,
@@ -217,7 +218,9 @@ class ShardRunner(Protocol):
 
     done: unit_id -> indices of its shards already staged (skipped: read and checked, not embedded again).
     `session()` is entered before anything is written (a runner that cannot start writes nothing);
-    `mode` and `workers` are recorded in the manifest's run entry.
+    `mode` and `workers` are recorded in the manifest's run entry. `build_index` builds and writes the store's
+    index once every shard is committed (`engine.store.index.build_index_file`, wherever the runner runs it)
+    and returns its manifest entry.
     """
 
     mode: str
@@ -227,6 +230,9 @@ class ShardRunner(Protocol):
 
     def run(self, units: Sequence[InputUnit], ctx: IngestContext, done: Mapping[int, Collection[int]],
             on_shard: OnRecord, on_unit: OnRecord, progress: StageProgress) -> None: ...
+
+    def build_index(self, root: str, shards: list[dict], old: dict | None, kind: str, dim: int, index_file: str,
+                    log: Callable[[str], None]) -> dict: ...
 
 
 class LocalRunner:
@@ -241,6 +247,11 @@ class LocalRunner:
 
     def session(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
+
+    def build_index(self, root: str, shards: list[dict], old: dict | None, kind: str, dim: int, index_file: str,
+                    log: Callable[[str], None]) -> dict:
+        """In this process: the index (the SQ8 codes of an ivf index, N x dim bytes) is what grows with N here."""
+        return build_index_file(Path(root), shards, old, kind, dim, index_file, log)
 
     def run(self, units: Sequence[InputUnit], ctx: IngestContext, done: Mapping[int, Collection[int]],
             on_shard: OnRecord, on_unit: OnRecord, progress: StageProgress) -> None:

@@ -90,7 +90,7 @@ def _build(kind: str, emb: np.ndarray):
     params = faiss_index.default_params(kind, len(emb))
     index = faiss_index.new_index(kind, emb.shape[1], params)
     if kind == "ivf":
-        faiss_index.train(index, emb[faiss_index.training_sample(len(emb), params["nlist"])])
+        faiss_index.train(index, emb[faiss_index.training_sample(len(emb), params["nlist"], emb.shape[1])])
     faiss_index.add(index, emb)
     return faiss_index.deserialize(faiss_index.serialize(index), "test")
 

@@ -117,7 +117,7 @@ def test_ivf_recall_against_exact(codes):
     q = torch.nn.functional.normalize(torch.from_numpy(emb[:200]) + 0.5 * torch.randn(200, 64) / 8, dim=1)
     params = {**faiss_index.default_params("ivf", len(emb)), "codes": codes}
     index = faiss_index.new_index("ivf", 64, params)
-    faiss_index.train(index, emb[faiss_index.training_sample(len(emb), params["nlist"])])
+    faiss_index.train(index, emb[faiss_index.training_sample(len(emb), params["nlist"], emb.shape[1])])
     faiss_index.add(index, emb)
     _, exact = exact_topk(torch.from_numpy(emb), q, 16)
     _, hits = faiss_index.search(index, q.numpy(), 32)
