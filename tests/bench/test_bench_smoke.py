@@ -164,3 +164,15 @@ def test_scale_bench_tiny(tmp_path):
     # the corpus is reused (keyed by size and seed), the store re-ingested unless --reuse-store
     again = scale.write_corpus(scale.corpus_dir(tmp_path / "work", 600, 0), 600, 0)
     assert again["reused"] and again["documents"] == rec["corpus"]["documents"]
+
+
+def test_ingest_memory_bench(tmp_path):
+    """bench.ingest_memory: a small ivf ingest with RSS marks at every index-building step, then the peak."""
+    from bench import ingest_memory
+
+    rec = ingest_memory.main(["--sentences", "400", "--work", str(tmp_path)])
+    phases = [m["phase"] for m in rec["phases"]]
+    assert rec["index"] == "ivf" and rec["sentences"] >= 390
+    for step in ("index: training starts (sample gathered)", "index: adding done", "index: written"):
+        assert step in phases
+    assert rec["driver_peak_rss_gb"] >= max(m["rss_gb"] for m in rec["phases"]) > 0
