@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from bench.common import emit_json, machine_info, print_table
-from bench.scale import GiB, TableEmbedder, corpus_dir, proc_status, tiny_model, write_corpus
+from bench.common import REPO, emit_json, machine_info, print_table
+from bench.scale import GiB, TableEmbedder, corpus_dir, proc_status, tiny_model_path
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -43,8 +45,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     args.work.mkdir(parents=True, exist_ok=True)
     corpus = corpus_dir(args.work, args.sentences, args.seed)
-    write_corpus(corpus, args.sentences, args.seed)
-    model = tiny_model(args.work, args.seed)
+    model = tiny_model_path(args.work, args.seed)
+    # corpus and model written (or found) by a child process, so that their memory is not this process's RSS
+    work, n, seed = str(args.work), args.sentences, args.seed
+    subprocess.run([sys.executable, "-c", f"from pathlib import Path; from bench.scale import corpus_dir, tiny_model, "
+                    f"write_corpus; write_corpus(corpus_dir(Path({work!r}), {n}, {seed}), {n}, {seed}); "
+                    f"tiny_model(Path({work!r}), {seed})"], check=True, cwd=REPO)
     store = args.store or args.work / f"ingest-memory-{args.sentences}-s{args.seed}"
     shutil.rmtree(store, ignore_errors=True)
     embedder = TableEmbedder(model)
@@ -68,12 +74,12 @@ def main(argv: list[str] | None = None) -> dict:
     wrap("write_index_file", "index: writing starts", "index: written")
 
     class Progress(IngestProgress):
-        shards = 0
+        written = 0
 
         def shard_done(self, *a, **k) -> None:
-            self.shards += 1
-            if self.shards % 10 == 1:
-                mark(f"shard {self.shards} written")
+            self.written += 1
+            if self.written % 10 == 1:
+                mark(f"shard {self.written} written")
             super().shard_done(*a, **k)
 
     try:

@@ -163,10 +163,14 @@ def write_corpus(root: Path, n_sentences: int, seed: int) -> dict:
 # --------------------------------------------------------------------------------------------- tiny model
 
 
+def tiny_model_path(work: Path, seed: int) -> Path:
+    return work / f"bert-1layer-384-s{seed}"
+
+
 def tiny_model(work: Path, seed: int) -> Path:
     """A randomly initialised 1-layer BERT (hidden 384, 6 heads, intermediate 384; weights seeded) with the default
     model's tokenizer files, saved under work once: a model folder `--model` accepts."""
-    folder = work / f"bert-1layer-384-s{seed}"
+    folder = tiny_model_path(work, seed)
     if (folder / "model.safetensors").is_file():
         return folder
     import torch
