@@ -225,11 +225,16 @@ class RayRunner:
         return build_index_remote(root, shards, old, kind, dim, index_file, log)
 
 
-def _build_index_task(root: str, shards: list[dict], old: dict | None, kind: str, dim: int, index_file: str) -> dict:
+def _build_index_task(root: str, shards: list[dict], old: dict | None, kind: str, dim: int, index_file: str
+                      ) -> tuple[dict, str]:
+    """-> (the index's manifest entry, where it was built: 'node IP, pid N')."""
+    import ray
+
     from engine.store.index import build_index_file
     from engine.store.progress import log_stderr
 
-    return build_index_file(root, shards, old, kind, dim, index_file, log_stderr)
+    entry = build_index_file(root, shards, old, kind, dim, index_file, log_stderr)
+    return entry, f"node {ray.util.get_node_ip_address()}, pid {os.getpid()}"
 
 
 def build_index_remote(root: str, shards: list[dict], old: dict | None, kind: str, dim: int, index_file: str,
@@ -244,7 +249,9 @@ def build_index_remote(root: str, shards: list[dict], old: dict | None, kind: st
     log(f"qasc ingest: building the index in a Ray task ({cpus} CPU)")
     task = ray.remote(num_cpus=cpus, max_retries=0)(_build_index_task)
     try:
-        return ray.get(task.remote(root, shards, old, kind, dim, index_file))
+        entry, where = ray.get(task.remote(root, shards, old, kind, dim, index_file))
+        log(f"qasc ingest: {entry['kind']} index of {entry['ntotal']} vectors written by the Ray task ({where})")
+        return entry
     except QascError:
         raise
     except Exception as exc:

@@ -130,11 +130,11 @@ def train(index, sample: np.ndarray) -> None:
     index.train(np.ascontiguousarray(sample, dtype=np.float32))
 
 
-def training_sample(n_rows: int, nlist: int, dim: int) -> np.ndarray:
+def training_sample(n_rows: int, nlist: int, dim: int, max_bytes: int = IVF_TRAIN_BYTES) -> np.ndarray:
     """Which rows (sorted int64) train an ivf index of nlist lists over dim-wide vectors: evenly spaced,
-    IVF_TRAIN_PER_LIST per list, at most IVF_TRAIN_BYTES of float32 (and at least one per list): the training
-    memory stays bounded whatever the store's size (above ~150k rows at dim 384 the lists get fewer than 64)."""
-    cap = max(nlist, IVF_TRAIN_BYTES // (4 * max(dim, 1)))
+    IVF_TRAIN_PER_LIST per list, at most max_bytes of float32 (and at least one per list): the training memory
+    stays bounded whatever the store's size (above ~150k rows at dim 384 the lists get fewer than 64)."""
+    cap = max(nlist, max_bytes // (4 * max(dim, 1)))
     want = min(n_rows, max(min(nlist * IVF_TRAIN_PER_LIST, cap), nlist))
     return np.unique(np.linspace(0, n_rows - 1, num=want).astype(np.int64)) if n_rows else np.zeros(0, np.int64)
 
@@ -252,10 +252,10 @@ def _shard_vectors(root: Path, shard: dict, dim: int) -> np.ndarray:
     return emb
 
 
-def _train_from_shards(index, root: Path, shards: list[dict], n: int, nlist: int, dim: int) -> None:
+def _train_from_shards(index, root: Path, shards: list[dict], n: int, nlist: int, dim: int, max_bytes: int) -> None:
     """Trains an ivf index on `training_sample` rows gathered shard by shard into one preallocated float32
     array (the sample is the only copy: no per-shard parts, no concatenation)."""
-    rows = training_sample(n, nlist, dim)
+    rows = training_sample(n, nlist, dim, max_bytes)
     sample = np.empty((len(rows), dim), np.float32)
     base = 0
     for s in shards:
@@ -303,11 +303,11 @@ def _add_shards(index, root: Path, shards: list[dict], dim: int) -> None:
 
 
 def build_index(root: Path, shards: list[dict], old: dict | None, kind_requested: str, dim: int,
-                 log: Callable[[str], None]) -> tuple[object, dict]:
+                 log: Callable[[str], None], train_bytes: int = IVF_TRAIN_BYTES) -> tuple[object, dict]:
     """All shard records (old + new, in order) -> (CPU index, manifest entry); write it with write_index_file.
 
     Memory besides the index itself: one shard's vectors at a time, the ivf training sample (at most
-    IVF_TRAIN_BYTES of float32, plus faiss's residuals of at most 100k of its rows) and N x 8 bytes of list
+    train_bytes of float32, plus faiss's residuals of at most 100k of its rows) and N x 8 bytes of list
     assignments; never all rows at once (see `_add_shards`)."""
     n = sum(s["n_sentences"] for s in shards)
     kind = choose_kind(n, kind_requested)
@@ -323,7 +323,7 @@ def build_index(root: Path, shards: list[dict], old: dict | None, kind_requested
         start = 0
         if kind == "ivf":
             log(f"qasc ingest: training an IVF index ({params['nlist']} lists) over {n} sentences")
-            _train_from_shards(index, root, shards, n, params["nlist"], dim)
+            _train_from_shards(index, root, shards, n, params["nlist"], dim, train_bytes)
     _add_shards(index, root, shards[start:], dim)
     if index.ntotal != n:
         raise QascError(f"index holds {index.ntotal} vectors for {n} sentences")

@@ -35,12 +35,12 @@ def write_shards(root, emb: np.ndarray, sizes: list[int], dtype: str) -> list[di
     return shards
 
 
-def in_memory(kind: str, stored: np.ndarray) -> bytes:
+def in_memory(kind: str, stored: np.ndarray, train_bytes: int) -> bytes:
     """The plain build: the whole array in memory, train on training_sample's rows, one index.add."""
     params = faiss_index.default_params(kind, len(stored))
     index = faiss_index.new_index(kind, stored.shape[1], params)
     if kind == "ivf":
-        rows = faiss_index.training_sample(len(stored), params["nlist"], stored.shape[1])
+        rows = faiss_index.training_sample(len(stored), params["nlist"], stored.shape[1], train_bytes)
         faiss_index.train(index, stored[rows].astype(np.float32))
     faiss_index.add(index, stored.astype(np.float32))
     return faiss_index.serialize(index)
@@ -48,16 +48,16 @@ def in_memory(kind: str, stored: np.ndarray) -> bytes:
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("kind", ["ivf", "flat"])
-def test_build_from_shards_equals_the_in_memory_build(tmp_path, kind, dtype, monkeypatch):
+def test_build_from_shards_equals_the_in_memory_build(tmp_path, kind, dtype):
     """Ragged shards (one of a single row) and a training cap that binds: the same index bytes for bytes."""
     dim = 16
     emb = clustered(3000, dim, seed=1)
-    monkeypatch.setattr(faiss_index, "IVF_TRAIN_BYTES", 700 * 4 * dim)  # 700 rows < 64 x 76 lists
+    cap = 700 * 4 * dim  # 700 rows < 64 x 76 lists
     sizes = [1, 999, 640, 1, 1359]
     shards = write_shards(tmp_path, emb, sizes, dtype)
-    index, entry = faiss_index.build_index(tmp_path, shards, None, kind, dim, lambda line: None)
+    index, entry = faiss_index.build_index(tmp_path, shards, None, kind, dim, lambda line: None, train_bytes=cap)
     assert entry["kind"] == kind and entry["ntotal"] == len(emb) == index.ntotal
-    assert faiss_index.serialize(index) == in_memory(kind, emb.astype(dtype))
+    assert faiss_index.serialize(index) == in_memory(kind, emb.astype(dtype), cap)
 
 
 def test_append_fills_the_old_lists_like_one_build(tmp_path):

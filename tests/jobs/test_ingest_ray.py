@@ -61,11 +61,9 @@ def test_in_memory_table_on_ray(tmp_path, ray_session, tiny_model):
     assert all(ok for _, ok, _ in verify_store(tmp_path / "ray"))
 
 
-def test_the_index_is_built_by_a_ray_task(tmp_path, ray_session, tiny_model, monkeypatch):
-    """On Ray the driver neither builds nor holds the index: with build_index unusable in this process the ivf
-    index is still built (by the task) and the store equals the local path's, created and then grown."""
-    from engine.store import index as faiss_index
-
+def test_the_index_is_built_by_a_ray_task(tmp_path, ray_session, tiny_model):
+    """On Ray the driver neither builds nor holds the index: a Ray task in another process builds and writes it,
+    and the store equals the local path's, created and then grown (the task reuses the old index)."""
     docs = {f"doc{i}": f"Document number {i}. It has two sentences." for i in range(6)}
     corpus = write_corpus(tmp_path / "c", docs)
     more = write_corpus(tmp_path / "m", {f"more{i}": f"Another document {i}. Short." for i in range(3)})
@@ -73,13 +71,13 @@ def test_the_index_is_built_by_a_ray_task(tmp_path, ray_session, tiny_model, mon
     settings = IngestConfig(shard_chars=60, index="ivf")
     for path in (corpus, more):
         ingest([str(path)], tmp_path / "local", config, settings)
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the Ray driver built the index itself")
-
-    monkeypatch.setattr(faiss_index, "build_index", refuse)
+    lines: list[str] = []
     for path in (corpus, more):
-        ingest([str(path)], tmp_path / "ray", config, settings, runner=RayRunner())
+        ingest([str(path)], tmp_path / "ray", config, settings, runner=RayRunner(), log=lines.append)
+    built = [line for line in lines if "written by the Ray task" in line]
+    assert [line.split(" index of ")[0] for line in built] == ["qasc ingest: ivf"] * 2
+    assert all(int(line.rsplit("pid ", 1)[1].rstrip(")")) != os.getpid() for line in built)
+    assert not any("training an IVF index" in line for line in lines)  # the driver's build_index logs that line
     a, b = snapshot(tmp_path / "local"), snapshot(tmp_path / "ray")
     assert a["counts"] == {"documents": 9, "sentences": 18, "shards": 4} and b["index_kind"] == "ivf"
     assert_same_store(a, b, atol=1e-5)
