@@ -300,6 +300,7 @@ def load_index(root: Path, manifest: dict, nprobe: int | None = None):
 
 
 EXACT_BLOCK_ELEMENTS = 1 << 24  # query x row similarities per block of the exact search (64 MiB of float32)
+RERANK_BLOCK_ELEMENTS = 1 << 22  # gathered hit vectors per block of `rerank` (16 MiB of float32)
 
 
 def _block_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -348,7 +349,7 @@ def exact_topk(vectors: torch.Tensor, query: torch.Tensor, k: int,
 
 
 def rerank(vectors: torch.Tensor, query: torch.Tensor, rows: torch.Tensor, k: int,
-           block_elements: int = EXACT_BLOCK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+           block_elements: int = RERANK_BLOCK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
     """vectors (N, dim), query (Q, dim), rows (Q, K >= k) int64 hits (-1 = none) -> the k best of them by exact
     inner product: scores (Q, k) float32 (-inf where missing), rows (Q, k) int64 (-1); equal scores lower row
     first. Fixes the order (and, taking K > k hits, most of the recall) that quantised codes lose. The hits'
