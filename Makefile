@@ -12,6 +12,7 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_DATA_DISABLE_PROGRESS_BARS ?= 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
+export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: demo test install lint clean gpu-pack
 

@@ -37,7 +37,8 @@ IVF_SEED = 1234
 IVF_NITER = 10  # k-means iterations (faiss's default 25 costs 2.5x the training time for no measured recall)
 IVF_CODES = ("Flat", "SQfp16", "SQ8")  # what an inverted list holds per vector: float32, float16, 8-bit codes
 IVF_DEFAULT_CODES = "SQ8"  # 1/4 the bytes of Flat, faster scans; hits re-scored exactly (IVF_RERANK)
-IVF_NPROBE = 16  # lists probed: recall@16 >= 0.95 of exact on clustered data at 200k-1M rows (README "Indexes")
+IVF_NPROBE = 16  # the fewest lists probed by default (fewer when the index has fewer lists)
+IVF_PROBE_SHARE = 1 / 16  # default lists probed: this share of nlist (at least IVF_NPROBE); README "Indexes"
 IVF_RERANK = 2  # quantised codes: take IVF_RERANK x k hits, re-score them from the store's vectors, keep k
 
 
@@ -64,19 +65,30 @@ def ivf_lists(n_rows: int) -> int:
     return max(1, min(int(4 * math.sqrt(max(n_rows, 1))), n_rows // 39 or 1))
 
 
+def default_nprobe(nlist: int) -> int:
+    """Inverted lists -> the lists probed by default: IVF_PROBE_SHARE of them, at least IVF_NPROBE, at most nlist.
+    A fixed count does not carry across sizes: at 1M rows (3,998 lists) nprobe 16 found 0.70 of the exact top 16
+    on text-like vectors, 250 (1/16) found 0.97 (bench/RESULTS.md, IVF recall vs nprobe)."""
+    return max(1, min(int(nlist), max(IVF_NPROBE, math.ceil(int(nlist) * IVF_PROBE_SHARE))))
+
+
 def default_params(kind: str, n_rows: int) -> dict:
     if kind == "ivf":
         nlist = ivf_lists(n_rows)
-        return {"nlist": nlist, "nprobe": min(nlist, IVF_NPROBE), "codes": IVF_DEFAULT_CODES, "rerank": IVF_RERANK}
+        return {"nlist": nlist, "nprobe": default_nprobe(nlist), "codes": IVF_DEFAULT_CODES, "rerank": IVF_RERANK}
     if kind == "hnsw":
         return {"M": HNSW_M, "efConstruction": HNSW_EF_CONSTRUCTION, "efSearch": HNSW_EF_SEARCH}
     return {}
 
 
 def set_nprobe(params: dict, nprobe: int | None) -> int:
-    """An ivf index's params, an override or None -> the inverted lists to probe (QascError unless 1..nlist)."""
+    """An ivf index's params, an override or None -> the inverted lists to probe (QascError unless 1..nlist).
+
+    None: the larger of the manifest's nprobe and `default_nprobe(nlist)`, so stores written while the default
+    was a fixed 16 lists probe the share of their lists that the rule gives today."""
     if nprobe is None:
-        return int(params.get("nprobe", 1))
+        stored = int(params.get("nprobe", 1))
+        return max(stored, default_nprobe(int(params["nlist"]))) if "nlist" in params else stored
     nlist = int(params.get("nlist", nprobe))
     if isinstance(nprobe, bool) or not isinstance(nprobe, int | np.integer) or not 1 <= nprobe <= nlist:
         raise QascError(f"nprobe must be an integer from 1 to the index's {nlist} lists, got {nprobe!r}")
@@ -366,6 +378,7 @@ def load_index(root: Path, manifest: dict, nprobe: int | None = None):
 
 
 EXACT_BLOCK_ELEMENTS = 1 << 24  # query x row similarities per block of the exact search (64 MiB of float32)
+RERANK_BLOCK_ELEMENTS = 1 << 22  # gathered hit vectors per block of `rerank` (16 MiB of float32)
 
 
 def _block_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -413,15 +426,21 @@ def exact_topk(vectors: torch.Tensor, query: torch.Tensor, k: int,
     return scores, rows
 
 
-def rerank(vectors: torch.Tensor, query: torch.Tensor, rows: torch.Tensor, k: int
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+def rerank(vectors: torch.Tensor, query: torch.Tensor, rows: torch.Tensor, k: int,
+           block_elements: int = RERANK_BLOCK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
     """vectors (N, dim), query (Q, dim), rows (Q, K >= k) int64 hits (-1 = none) -> the k best of them by exact
     inner product: scores (Q, k) float32 (-inf where missing), rows (Q, k) int64 (-1); equal scores lower row
-    first. Fixes the order (and, taking K > k hits, most of the recall) that quantised codes lose."""
+    first. Fixes the order (and, taking K > k hits, most of the recall) that quantised codes lose. The hits'
+    vectors are gathered (and cast to float32) a block of queries at a time, about `block_elements` floats, so
+    the temporary memory does not grow with Q (10k queries x 32 hits x 384 would be 0.7 GiB at once)."""
     ok = rows >= 0
     q = query.to(device=vectors.device, dtype=torch.float32)
     rows = rows.to(vectors.device)
-    got = torch.bmm(vectors[rows.clamp(min=0)].float(), q[:, :, None])[..., 0]  # (Q, K)
+    got = torch.empty(rows.shape, dtype=torch.float32, device=vectors.device)  # (Q, K)
+    step = max(1, block_elements // max(rows.shape[1] * vectors.shape[1], 1))
+    for lo in range(0, rows.shape[0], step):  # (step, K, dim) gathered at a time, not (Q, K, dim)
+        gathered = vectors[rows[lo : lo + step].clamp(min=0)].float()
+        got[lo : lo + step] = torch.bmm(gathered, q[lo : lo + step, :, None])[..., 0]
     got = torch.where(ok.to(vectors.device), got, torch.full_like(got, float("-inf")))
     keyed = torch.where(rows >= 0, rows, torch.full_like(rows, vectors.shape[0]))
     by_row = keyed.argsort(dim=1)  # then a stable sort by score: equal scores keep row order

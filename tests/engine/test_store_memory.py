@@ -102,6 +102,36 @@ def test_rerank_orders_hits_by_exact_score():
         assert torch.isinf(scores[i, len(best):]).all()
 
 
+def test_rerank_blocks_of_queries_equal_one_block():
+    """Gathering the hits' vectors a few queries at a time (tiny block_elements) gives the same scores and rows
+    as all queries at once; a float16 store too."""
+    emb = torch.from_numpy(unit_rows(300, 16, 3))
+    q = torch.from_numpy(unit_rows(37, 16, 4))
+    hits = torch.randint(-1, 300, (37, 20), generator=torch.Generator().manual_seed(5))
+    for vectors in (emb, emb.half()):
+        whole = rerank(vectors, q, hits, 9, block_elements=1 << 30)
+        for block in (1, 16 * 20, 7 * 16 * 20):  # one query (the floor), one query, seven queries per block
+            got = rerank(vectors, q, hits, 9, block_elements=block)
+            assert torch.equal(got[1], whole[1]) and torch.equal(got[0], whole[0])
+
+
+def test_default_nprobe_scales_with_nlist():
+    """The default probes IVF_PROBE_SHARE of the lists, at least IVF_NPROBE (never more than nlist); a stored
+    nprobe below the rule (stores of the fixed-16 default) is raised to it, an explicit nprobe is kept."""
+    share, floor = faiss_index.IVF_PROBE_SHARE, faiss_index.IVF_NPROBE
+    assert [faiss_index.default_nprobe(n) for n in (1, 10, floor, 100)] == [1, 10, floor, floor]
+    assert faiss_index.default_nprobe(3998) == int(np.ceil(3998 * share)) > floor
+    for rows in (1000, 200_000, 1_000_000):
+        params = faiss_index.default_params("ivf", rows)
+        assert params["nprobe"] == faiss_index.default_nprobe(params["nlist"]) <= params["nlist"]
+    old = {"nlist": 3998, "nprobe": 16, "codes": "SQ8"}
+    assert faiss_index.set_nprobe(old, None) == faiss_index.default_nprobe(3998)
+    assert faiss_index.set_nprobe({**old, "nprobe": 900}, None) == 900
+    assert faiss_index.set_nprobe(old, 16) == 16 and faiss_index.set_nprobe({"nprobe": 3}, None) == 3
+    with pytest.raises(QascError, match="nprobe"):
+        faiss_index.set_nprobe(old, 3999)
+
+
 def clustered(n: int, dim: int, seed: int, centres: int = 40, noise: float = 1.0) -> np.ndarray:
     g = torch.Generator().manual_seed(seed)
     c = torch.nn.functional.normalize(torch.randn(centres, dim, generator=g), dim=1)
