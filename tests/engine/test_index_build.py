@@ -76,6 +76,36 @@ def test_append_fills_the_old_lists_like_one_build(tmp_path):
     assert faiss_index.serialize(grown) == faiss_index.serialize(first)
 
 
+def test_append_outside_the_codes_range_retrains(tmp_path):
+    """SQ8 codes clamp each dimension to the range seen in training: a store first ingested with a few rows and
+    then grown would hold vectors far from its embeddings (verify fails). build_index retrains over every row
+    instead (the parameters a fresh build of that size gets), and says so; rows inside the range reuse the index."""
+    dim = 16
+    emb = clustered(3000, dim, seed=4)
+    shards = write_shards(tmp_path, emb, [12, 1500, 1488], "float16")
+    first, entry = faiss_index.build_index(tmp_path, shards[:1], None, "ivf", dim, lambda line: None)
+    data = faiss_index.serialize(first)
+    (tmp_path / "index-0001.faiss").write_bytes(data)
+    old = {"index": {**entry, "file": "index-0001.faiss"}, "counts": {"shards": 1},
+           "checksums": {"index-0001.faiss": {"sha256": faiss_index.sha256(data)}}}
+    lines: list[str] = []
+    grown, grown_entry = faiss_index.build_index(tmp_path, shards, old, "ivf", dim, lines.append)
+    assert any("retraining the index over all 3000 sentences" in line for line in lines)
+    assert grown_entry["params"] == faiss_index.default_params("ivf", 3000) != entry["params"]
+    stored = emb.astype(np.float16)
+    rows = np.arange(len(emb))
+    assert faiss_index.reconstruct_matches(grown_entry, faiss_index.reconstruct(grown, rows), stored)
+    # the same append to an index trained on enough rows keeps its lists (no retraining)
+    base, base_entry = faiss_index.build_index(tmp_path, shards[:2], None, "ivf", dim, lambda line: None)
+    data = faiss_index.serialize(base)
+    (tmp_path / "index-0002.faiss").write_bytes(data)
+    old = {"index": {**base_entry, "file": "index-0002.faiss"}, "counts": {"shards": 2},
+           "checksums": {"index-0002.faiss": {"sha256": faiss_index.sha256(data)}}}
+    lines.clear()
+    kept, kept_entry = faiss_index.build_index(tmp_path, shards, old, "ivf", dim, lines.append)
+    assert not lines and kept_entry["params"] == base_entry["params"] and kept.ntotal == 3000
+
+
 def test_a_shard_shorter_than_its_record_is_refused(tmp_path):
     emb = clustered(200, 8, seed=3)
     shards = write_shards(tmp_path, emb, [100, 100], "float32")

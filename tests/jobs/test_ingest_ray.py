@@ -81,6 +81,6 @@ def test_the_index_is_built_by_a_ray_task(tmp_path, ray_session, tiny_model):
     a, b = snapshot(tmp_path / "local"), snapshot(tmp_path / "ray")
     assert a["counts"] == {"documents": 9, "sentences": 18, "shards": 4} and b["index_kind"] == "ivf"
     assert_same_store(a, b, atol=1e-5)
-    # the same checks pass and fail (appending to a 12-row SQ8 index clamps rows beyond its trained range: the
-    # grown store fails verify's reconstruction check on both paths alike)
-    assert [c[:2] for c in verify_store(tmp_path / "ray")] == [c[:2] for c in verify_store(tmp_path / "local")]
+    # the grown 12-row SQ8 index was retrained where the new rows fell outside its codes' range: verify passes
+    for store in ("ray", "local"):
+        assert all(ok for _, ok, _ in verify_store(tmp_path / store))
