@@ -16,7 +16,7 @@ class QascParams:
 
     Defaults: the setting the development suite (`qasc eval` over chroma_general, tatqa_finance, medquad_health,
     policyqa_privacy) chose on all four sets together, the same one its chroma_general fold chose on the other
-    three: pooled extents (runs of up to 3 sentences holding a p90 seed, clipped to the paragraph, and whole
+    three: pooled extents (runs of up to 2 sentences holding a p90 seed, clipped to the paragraph, and whole
     sections complete in the candidate region, with a length bonus 0.02 ln(sentences)), the best chunk, its
     neighbours within 6 sentences and chunks elsewhere within 0.02 of it, every chunk within 0.05 of the best,
     at most 10 (with RetrievalConfig depth 16, neighbourhood 4). The window-mode fields keep the setting the same
@@ -33,7 +33,7 @@ class QascParams:
     margin: float | None = 0.1  # adaptive: neighbour must be >= seed similarity - margin
     clip_to_paragraph: bool = True  # windows never leave the seed's paragraph
     extent: str = "pooled"  # window: seed + (adaptive) window; pooled: best runs by pooled-embedding cosine
-    max_extent: int = 3  # pooled: longest run of sentences scored as one candidate extent
+    max_extent: int = 2  # pooled: longest run of sentences scored as one candidate extent
     extent_penalty: float = 0.0  # pooled: subtracted from a run's score per sentence beyond the first
     max_picks: int = 10  # pooled: at most this many non-overlapping runs picked per query
     decay: float = 0.3  # lambda of the decay weights exp(-lambda |i - r|)
