@@ -33,6 +33,7 @@ HNSW_EF_CONSTRUCTION = 80
 HNSW_EF_SEARCH = 128
 IVF_TRAIN_PER_LIST = 64  # k-means training points per inverted list ...
 IVF_TRAIN_BYTES = 1 << 27  # ... up to this many bytes of float32 sample (87,381 vectors at dim 384; README "Indexes")
+FIT_BLOCK_ROWS = 1 << 14  # rows encoded and decoded at a time when checking appended rows against SQ8 codes
 IVF_SEED = 1234
 IVF_NITER = 10  # k-means iterations (faiss's default 25 costs 2.5x the training time for no measured recall)
 IVF_CODES = ("Flat", "SQfp16", "SQ8")  # what an inverted list holds per vector: float32, float16, 8-bit codes
@@ -266,6 +267,11 @@ def _shard_vectors(root: Path, shard: dict, dim: int) -> np.ndarray:
     return emb
 
 
+def _shard_float32(root: Path, shard: dict, dim: int) -> np.ndarray:
+    """`_shard_vectors` cast to one contiguous float32 array (n, dim): what faiss's encode / add calls take."""
+    return np.ascontiguousarray(_shard_vectors(root, shard, dim), dtype=np.float32)
+
+
 def _train_from_shards(index, root: Path, shards: list[dict], n: int, nlist: int, dim: int, max_bytes: int) -> None:
     """Trains an ivf index on `training_sample` rows gathered shard by shard into one preallocated float32
     array (the sample is the only copy: no per-shard parts, no concatenation)."""
@@ -288,9 +294,9 @@ def _codes_fit(index, entry: dict, root: Path, shards: list[dict], dim: int) -> 
     if entry.get("kind") != "ivf" or entry.get("params", {}).get("codes", "Flat") == "Flat":
         return True
     for s in shards:
-        x = np.ascontiguousarray(_shard_vectors(root, s, dim), dtype=np.float32)
-        for lo in range(0, len(x), 1 << 14):  # encode/decode in blocks: a few MiB at a time
-            block = x[lo : lo + (1 << 14)]
+        x = _shard_float32(root, s, dim)
+        for lo in range(0, len(x), FIT_BLOCK_ROWS):
+            block = x[lo : lo + FIT_BLOCK_ROWS]
             if not reconstruct_matches(entry, index.sa_decode(index.sa_encode(block)), block):
                 return False
     return True
@@ -314,7 +320,7 @@ def _add_shards(index, root: Path, shards: list[dict], dim: int) -> None:
     assign = np.empty(sum(s["n_sentences"] for s in shards), np.int64)  # (N,) list of each new row
     lo = 0
     for s in shards:
-        x = np.ascontiguousarray(_shard_vectors(root, s, dim), dtype=np.float32)
+        x = _shard_float32(root, s, dim)
         if len(x):
             assign[lo : lo + len(x)] = ivf.quantizer.assign(x, 1)[:, 0]
         lo += len(x)
@@ -325,7 +331,7 @@ def _add_shards(index, root: Path, shards: list[dict], dim: int) -> None:
         lists.resize(list_no, have)  # ... and keeps that capacity (std::vector shrinks without freeing)
     lo = 0
     for s in shards:
-        x = np.ascontiguousarray(_shard_vectors(root, s, dim), dtype=np.float32)
+        x = _shard_float32(root, s, dim)
         if len(x):
             a = np.ascontiguousarray(assign[lo : lo + len(x)])
             index.add_core(len(x), faiss.swig_ptr(x), None, faiss.swig_ptr(a))
