@@ -10,7 +10,10 @@ Phases (each timed; the JSON line lists them under `phase_s`):
   exact    a child process: Engine.query_embedded (search + QASC + assembly) on --exact-queries noisy copies of
            stored vectors, exact search; its hits at the engine's depth are the ground truth for recall;
   ivf      a child process: the same on --queries queries through the store's IVF index (q/s, recall@depth vs
-           exact, peak RSS), then --stream-queries queries' results streamed to Parquet (RSS growth);
+           exact, peak RSS; an 8-bit index is searched by the torch scan, kernels.ivf_scan), then --stream-queries
+           queries' results streamed to Parquet (RSS growth);
+  ivf-faiss  the peer: the first --faiss-queries of those through FAISS's own IVF search (q/s in the same run,
+           and the share of the torch scan's hits it finds);
   quality  real MiniLM (the default model) on a chroma_general store with an IVF index: share of queries whose
            top chunk is the same through IVF and exact search (skipped without ../shared).
 Sizes in GiB (2^30 bytes). Targets (issue 14): IVF >= 2,000 q/s at 1M sentences, recall@depth >= 0.95, query peak
@@ -455,9 +458,12 @@ def query_child(spec: dict) -> dict:
     exact = spec["mode"] == "exact"
     t0 = time.perf_counter()
     engine = open_engine(Path(spec["store"]), exact, spec.get("nprobe"))
+    if spec["mode"] == "ivf-faiss":  # the peer: the same index searched by FAISS itself, not kernels.ivf_scan
+        engine.store.ivf_search = "faiss"
     out = {"mode": spec["mode"], "open_s": time.perf_counter() - t0, "rss_open_gb": proc_status("VmRSS") / GiB,
            "api": query_api(), "exact_blocked_by_engine": engine_exact_is_blocked(),
-           "nprobe": int(getattr(engine.store.index, "nprobe", 0) or 0)}
+           "nprobe": int(getattr(engine.store.index, "nprobe", 0) or 0),
+           "ivf_search": "torch" if getattr(engine.store, "sq8_lists", lambda: None)() is not None else "faiss"}
     depth = min(engine.config.retrieval.depth, engine.n_total)
     scale = spread(engine.embeddings)
     queries, sources = noisy_queries(engine.embeddings, spec["pool"], spec["noise"], spec["seed"], scale)
@@ -468,6 +474,7 @@ def query_child(spec: dict) -> dict:
     t0 = time.perf_counter()
     hits = engine.search(queries, depth).cpu().numpy()
     out["search_s"] = time.perf_counter() - t0
+    out["search_per_s"] = len(queries) / max(out["search_s"], 1e-9)
     np.save(spec["hits"], hits)
     out["source_in_hits"] = float((hits == sources.numpy()[:, None]).any(1).mean())
     answer(engine, queries[: min(len(queries), 256)], spec["slice"])  # warm-up: per-store dots and block stats
@@ -612,6 +619,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--slice", type=int, default=2048, help="queries per engine slice (default 2048)")
     p.add_argument("--threads", type=int, default=0, help="torch threads in the query processes (0: torch default)")
     p.add_argument("--nprobe", type=int, default=0, help="IVF lists probed per query (0: the store's setting)")
+    p.add_argument("--faiss-queries", type=int, default=2000, help="of the IVF queries, the first N also timed "
+                   "through FAISS's own IVF search, the peer of the torch scan (default 2000; 0: skip)")
     p.add_argument("--index", default="ivf", help="index kind of the store (default ivf)")
     p.add_argument("--dtype-store", default="float16", help="embedding storage type (default float16)")
     p.add_argument("--batch-tokens", type=int, default=0, help="ingest --batch-tokens (0: the default)")
@@ -671,6 +680,12 @@ def main(argv=None) -> dict:
     ex = phase("exact", run_query_child, "exact", store, work, args.exact_queries, 0, args)
     iv = phase("ivf", run_query_child, "ivf", store, work, args.queries, args.stream_queries, args)
     recall = recall_at_depth(np.load(iv["hits"]), np.load(ex["hits"]))
+    peer = {}
+    if args.faiss_queries and iv.get("ivf_search") == "torch":
+        peer = phase("ivf-faiss", run_query_child, "ivf-faiss", store, work, min(args.faiss_queries, args.queries), 0,
+                     args)
+        peer["hits_agree_with_torch_scan"] = recall_at_depth(np.load(iv["hits"])[: peer["queries"]],
+                                                             np.load(peer["hits"]))
     quality = {"skipped": "--no-quality"}
     if not args.no_quality:
         quality = phase("quality", quality_check, work, args)
@@ -684,6 +699,9 @@ def main(argv=None) -> dict:
         "query_per_s_exact": ex["query_per_s"],
         "query_per_s_ivf": iv["query_per_s"],
         "ivf_recall_at_depth": recall,
+        "ivf_search": iv.get("ivf_search", "faiss"),
+        "query_per_s_ivf_faiss": peer.get("query_per_s"),
+        "ivf_torch_vs_faiss": iv["query_per_s"] / peer["query_per_s"] if peer else None,
         "peak_rss_gb": iv["peak_rss_gb"],
         "rss_growth_100k_queries_gb": growth_100k,
         "rss_growth_stream_gb": growth,
@@ -697,7 +715,8 @@ def main(argv=None) -> dict:
         "exact_queries": args.exact_queries, "depth": iv["depth"], "noise": args.noise, "repeats": args.repeats,
         "nprobe": iv["nprobe"], "index": ing["index"], "index_params": ing["index_params"],
         "dtype_store": ing["dtype_store"],
-        "ingest": ing, "corpus": cinfo, "query_exact": ex, "query_ivf": iv, "quality": quality, "phase_s": phases,
+        "ingest": ing, "corpus": cinfo, "query_exact": ex, "query_ivf": iv, "query_ivf_faiss": peer or None,
+        "quality": quality, "phase_s": phases,
         "api": iv["api"], "command": "python -m bench.scale " + " ".join(sys.argv[1:] if argv is None else argv),
         "host": machine_info(), "load_avg_end": [round(x, 2) for x in os.getloadavg()],
     }
@@ -718,7 +737,11 @@ def main(argv=None) -> dict:
          "peak RSS GiB": ex["peak_rss_gb"], "note": f"depth {ex['depth']}, {ex['api']}"},
         {"phase": "query ivf", "queries": iv["queries"], "rate/s": iv["query_per_s"],
          "seconds": median(iv["times_s"]),
-         "peak RSS GiB": iv["peak_rss_gb"], "note": f"recall@{iv['depth']} {recall:.4f}, nprobe {iv['nprobe']}"},
+         "peak RSS GiB": iv["peak_rss_gb"], "note": f"recall@{iv['depth']} {recall:.4f}, nprobe {iv['nprobe']}, "
+                                                    f"{iv.get('ivf_search', 'faiss')} search"},
+        *([{"phase": "query ivf (faiss)", "queries": peer["queries"], "rate/s": peer["query_per_s"],
+            "seconds": median(peer["times_s"]), "peak RSS GiB": peer["peak_rss_gb"],
+            "note": f"peer: FAISS's own search; hits agree {peer['hits_agree_with_torch_scan']:.4f}"}] if peer else []),
         {"phase": "stream parquet", "queries": args.stream_queries,
          "rate/s": args.stream_queries / iv["stream_s"] if args.stream_queries else float("nan"),
          "seconds": iv.get("stream_s", float("nan")), "peak RSS GiB": iv.get("stream_rss_peak_gb", float("nan")),

@@ -40,6 +40,7 @@ MAX_QUERY_CHARS = 10_000
 SIMS_BLOCK_ELEMENTS = 1 << 22  # gathered candidate vectors per block (16 MiB of float32; 64 MiB: no faster)
 STATS_BLOCK_ROWS = 16384  # store rows per block of the query-independent stats (cast to float32 per block)
 DEFAULT_SLICE_SIZE = 2048  # queries per kernel slice
+SEARCH_BLOCK_QUERIES = 8192  # queries per search: whole slices (the ivf scan does 1.5x the queries/s at 10k as at 2k)
 CONTEXT_POOL = 32  # heading context: the gate's pool, the top rows by raw cosine
 CONTEXT_PATHS = 8  # pre-retrieval: the rows of this many best-matching heading paths join the rerank
 CONTEXT_PATH_ROWS = 512  # ... at most this many rows of each (its first, in store order)
@@ -218,17 +219,27 @@ class Engine:
             out[lo : lo + step] = torch.einsum("qld,qd->ql", gathered, query[lo : lo + step])
         return torch.where(path >= 0, out, torch.zeros_like(out))
 
+    def pool_width(self, params: QascParams, retrieval: RetrievalConfig) -> int:
+        """The rows one search returns per query for `run_batch`: the depth, or the heading context's pool."""
+        depth = min(retrieval.depth, max(self.n_total, 1))
+        return min(max(depth, CONTEXT_POOL), self.n_total) if self.uses_context(params) else depth
+
+    def uses_context(self, params: QascParams) -> bool:
+        return params.context_weight > 0 and self.n_total > 0 and self.heading_tensors() is not None
+
     def context_hits(
-        self, query_emb: torch.Tensor, depth: int, weight: float
+        self, query_emb: torch.Tensor, depth: int, weight: float, pool: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """query_emb (Q, dim), depth, weight w > 0 -> hits (Q, depth) int64 (-1 where missing), spread (Q,),
         cref (Q,) float32: one search of max(depth, CONTEXT_POOL) rows; the gate over its first CONTEXT_POOL;
         the hits are the best `depth` rows by cosine + boost among those rows and the first CONTEXT_PATH_ROWS
-        rows of each of the CONTEXT_PATHS paths most similar to the query (ties: lower row first)."""
+        rows of each of the CONTEXT_PATHS paths most similar to the query (ties: lower row first). pool: that
+        search's result when already done (`pool_width` rows per query)."""
         _, row_heading, path_start, path_count, path_rows = self.heading_tensors()
         query = query_emb.to(device=self.device, dtype=torch.float32)
         q, n = query.shape[0], self.n_total
-        pool = self.search(query_emb, min(max(depth, CONTEXT_POOL), n))  # (Q, M) by raw cosine
+        if pool is None:
+            pool = self.search(query_emb, min(max(depth, CONTEXT_POOL), n))  # (Q, M) by raw cosine
         pool_valid = pool >= 0
         pool = pool.clamp(min=0)
         path_of = lambda rows, valid: torch.where(valid, row_heading[rows], torch.full_like(rows, -1))  # noqa: E731
@@ -263,16 +274,18 @@ class Engine:
         return hits, spread, cref
 
     def run_batch(
-        self, query_emb: torch.Tensor, params: QascParams, retrieval: RetrievalConfig
+        self, query_emb: torch.Tensor, params: QascParams, retrieval: RetrievalConfig,
+        pool: torch.Tensor | None = None,
     ) -> tuple[QascBatch, CandidateRows]:
         """query_emb (Q, dim) -> the QASC result over each query's candidate rows (with the heading context
-        when params.context_weight > 0 and the store has heading paths)."""
+        when params.context_weight > 0 and the store has heading paths). pool: the search's hits (Q,
+        `pool_width`) when done already (query_columns searches several slices at once)."""
         depth = min(retrieval.depth, max(self.n_total, 1))
-        context = params.context_weight > 0 and self.n_total > 0 and self.heading_tensors() is not None
+        context = self.uses_context(params)
         if context:
-            hits, spread, cref = self.context_hits(query_emb, depth, params.context_weight)
+            hits, spread, cref = self.context_hits(query_emb, depth, params.context_weight, pool)
         else:
-            hits = self.search(query_emb, depth)
+            hits = self.search(query_emb, depth) if pool is None else pool[:, :depth]
         cand = candidate_rows(hits, self.doc_first, self.doc_last, retrieval.neighbourhood, self.n_total)
         rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
         sims = self.candidate_sims(query_emb, rows, cand.valid)
@@ -312,12 +325,17 @@ class Engine:
             raise QascError(f"slice_size must be >= 1, got {slice_size}")
         query_emb = torch.as_tensor(query_emb).to(device=self.device, dtype=torch.float32)
         table = self.row_table
+        block = slice_size * max(1, SEARCH_BLOCK_QUERIES // slice_size)  # searched at once: whole slices
+        pool = None
         for lo in range(0, query_emb.shape[0], slice_size):
             part = query_emb[lo : lo + slice_size]
             if self.n_total == 0:
                 yield lo, ChunkColumns.empty(part.shape[0])
                 continue
-            batch, cand = self.run_batch(part, params, retrieval)
+            if lo % block == 0:  # one search for the next slices: the ivf scan is faster on many queries at once
+                pool = self.search(query_emb[lo : lo + block], self.pool_width(params, retrieval))
+            at = lo % block
+            batch, cand = self.run_batch(part, params, retrieval, pool[at : at + part.shape[0]])
             yield lo, assemble_columns(batch, torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows)), table)
 
     def query_embedded(

@@ -13,6 +13,7 @@ from kernels.extents import (
     pooled_extent_scores,
     run_norms,
 )
+from kernels.ivf_scan import ivf_sq8_topk
 from kernels.merging import coverage, fill_gaps, label_segments, segment_scores, segment_spans, segment_sums
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
@@ -35,6 +36,7 @@ __all__ = [
     "fill_gaps",
     "keep_windows",
     "focus_on_best",
+    "ivf_sq8_topk",
     "label_segments",
     "percentile_seeds",
     "neighbour_dots",

@@ -729,3 +729,29 @@ def context_boost(
     for cs, paths, oks, s, r in zip(_rows(c), _rows(path), _rows(valid), spread.tolist(), cref.tolist(), strict=True):
         out.append([weight * s * (x - r) if ok and p >= 0 else 0.0 for x, p, ok in zip(cs, paths, oks, strict=True)])
     return _to_tensor(out, tuple(c.shape), c.dtype, c.device)
+
+
+def ivf_sq8_topk(query, centroids, list_codes, list_rows, vmin, vdiff, nprobe, k, by_residual=True):
+    """Twin of kernels.ivf_scan.ivf_sq8_topk: per query, the probed lists by centroid score (ties: lower list),
+    each code decoded to its vector one at a time (FAISS's 8-bit decoding), the inner products in float64, then
+    the k best (score descending, equal scores lower row first)."""
+    device = centroids.device
+    q_rows, cents = _rows(query.double()), _rows(centroids.double())
+    lo, span = [float(v) for v in vmin.double()], [float(v) for v in vdiff.double()]
+    codes = [[[int(c) for c in row] for row in _rows(t)] for t in list_codes]
+    rows = [[int(r) for r in t.tolist()] for t in list_rows]
+    out_s, out_r = [], []
+    for q in q_rows:
+        by_list = sorted(range(len(cents)), key=lambda c: (-sum(a * b for a, b in zip(q, cents[c], strict=True)), c))
+        found = []
+        for c in by_list[: max(1, min(nprobe, len(cents)))]:
+            base = cents[c] if by_residual else [0.0] * len(q)
+            for code, row in zip(codes[c], rows[c], strict=True):
+                x = [b + m + (v + 0.5) / 255 * d for b, m, v, d in zip(base, lo, code, span, strict=True)]
+                found.append((-sum(a * b for a, b in zip(q, x, strict=True)), row))
+        found.sort()
+        best = found[:k] + [(math.inf, -1)] * max(0, k - len(found))
+        out_s.append([-s for s, _ in best])
+        out_r.append([r for _, r in best])
+    n = len(q_rows)
+    return (_to_tensor(out_s, (n, k), torch.float32, device), _to_tensor(out_r, (n, k), torch.long, device))

@@ -18,6 +18,7 @@ import math
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -233,6 +234,45 @@ def reconstruct(index, rows: np.ndarray) -> np.ndarray:
     if ivf is not None:
         ivf.make_direct_map()
     return np.stack([index.reconstruct(int(r)) for r in rows]) if len(rows) else np.zeros((0, index.d), np.float32)
+
+
+class Sq8Lists(NamedTuple):
+    """Zero-copy torch views of a CPU IVF index's 8-bit scalar-quantised lists, for `kernels.ivf_sq8_topk`.
+    `owner` is the FAISS index whose memory the views read: it must outlive them."""
+
+    centroids: torch.Tensor  # (C, D) float32
+    codes: list[torch.Tensor]  # C tensors (n_c, D) uint8, views of the index's lists
+    rows: list[torch.Tensor]  # C tensors (n_c,) int64, the global rows of those codes
+    vmin: torch.Tensor  # (D,) float32
+    vdiff: torch.Tensor  # (D,) float32
+    by_residual: bool
+    owner: object
+
+
+def sq8_lists(index) -> Sq8Lists | None:
+    """A CPU IndexIVFScalarQuantizer (8-bit codes, inner product, lists in memory) -> views of its lists; None for
+    any other index (flat, hnsw, full-vector or fp16 lists, a GPU index), which FAISS searches itself."""
+    faiss = _faiss()
+    ivf = faiss.downcast_index(index)  # a wrapped index (a transform, a GPU index) is not an IVF SQ index
+    if (not isinstance(ivf, faiss.IndexIVFScalarQuantizer) or ivf.metric_type != faiss.METRIC_INNER_PRODUCT
+            or ivf.sq.qtype != faiss.ScalarQuantizer.QT_8bit or ivf.code_size != ivf.d):
+        return None
+    lists = faiss.downcast_InvertedLists(ivf.invlists)
+    if not isinstance(lists, faiss.ArrayInvertedLists):
+        return None
+    d, codes, rows = ivf.d, [], []
+    for c in range(ivf.nlist):
+        n = lists.list_size(c)
+        if n == 0:
+            codes.append(torch.zeros((0, d), dtype=torch.uint8))
+            rows.append(torch.zeros(0, dtype=torch.long))
+            continue
+        codes.append(torch.from_numpy(faiss.rev_swig_ptr(lists.get_codes(c), n * d).reshape(n, d)))
+        rows.append(torch.from_numpy(faiss.rev_swig_ptr(lists.get_ids(c), n)).view(torch.long))
+    trained = faiss.vector_to_array(ivf.sq.trained).astype(np.float32)  # vmin (d), then vdiff (d)
+    centroids = ivf.quantizer.reconstruct_n(0, ivf.nlist).astype(np.float32)
+    return Sq8Lists(torch.from_numpy(centroids), codes, rows, torch.from_numpy(trained[:d].copy()),
+                    torch.from_numpy(trained[d:].copy()), bool(ivf.by_residual), index)
 
 
 def search(index, query_emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

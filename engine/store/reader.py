@@ -4,6 +4,8 @@ The embeddings are held once, in the store's dtype (float32 | float16): each sha
 into one preallocated (N, dim) array (no concatenated temporary), wrapped without a copy as the tensor
 `Store.vectors`; `to_device` moves it (an engine on CUDA keeps only the device copy). Flat stores do not load
 their FAISS index by default: exact search runs blocked over `vectors` (`index.exact_topk`), so no second copy.
+An ivf index of 8-bit codes (the default) is searched by `kernels.ivf_sq8_topk` over views of its lists: the same
+scores as FAISS's search, many queries per list at once (`Store.ivf_search = "faiss"` searches through FAISS).
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ from engine.store.files import read_table
 from engine.store.manifest import read_manifest
 from engine.store.schema import DOCUMENTS_SCHEMA, STORE_DTYPES, embeddings_of, headings_schema, sentences_schema
 from engine.types import Headings, Sentences
+from kernels.ivf_scan import ivf_sq8_topk
+
+IVF_SEARCH = "torch"  # how an 8-bit ivf index is searched: "torch" (kernels.ivf_scan) or "faiss" (IndexIVF.search)
 
 
 def load_shard(root: Path, shard: dict, manifest: dict, out: np.ndarray | None = None
@@ -141,6 +146,9 @@ class Store:
         self.doc_offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
         self.row_doc = np.repeat(np.arange(len(docs), dtype=np.int64), np.diff(self.doc_offsets))  # (N,)
         self.index = index
+        self.ivf_search = IVF_SEARCH
+        self._sq8: faiss_index.Sq8Lists | None = None
+        self._sq8_of = None  # the index _sq8 was built from
         if headings is None:
             headings = Headings([], np.full(len(embeddings), -1, np.int64),
                                      np.zeros((0, embeddings.shape[1]), np.float32))
@@ -231,11 +239,26 @@ class Store:
             return faiss_index.exact_topk(self.vectors, query, int(k))
         params = self.manifest["index"].get("params", {})
         wide = int(k) * max(1, int(params.get("rerank", 1))) if self.manifest["index"]["kind"] == "ivf" else int(k)
-        host = query.detach().to("cpu", torch.float32).numpy()
-        scores, rows = (torch.from_numpy(a).to(self.vectors.device) for a in faiss_index.search(self.index, host, wide))
+        lists = self.sq8_lists()
+        if lists is not None:  # the batched torch scan of the same codes (kernels.ivf_scan)
+            scores, rows = (t.to(self.vectors.device) for t in ivf_sq8_topk(
+                query.detach().to("cpu", torch.float32), lists.centroids, lists.codes, lists.rows, lists.vmin,
+                lists.vdiff, int(self.index.nprobe), wide, lists.by_residual))
+        else:
+            host = query.detach().to("cpu", torch.float32).numpy()
+            scores, rows = (torch.from_numpy(a).to(self.vectors.device)
+                            for a in faiss_index.search(self.index, host, wide))
         if wide == k:
             return scores, rows
         return faiss_index.rerank(self.vectors, query, rows, int(k))
+
+    def sq8_lists(self) -> faiss_index.Sq8Lists | None:
+        """Views of an 8-bit ivf index's lists when `ivf_search` is "torch" (built on first use), else None."""
+        if self.ivf_search != "torch" or self.index is None:
+            return None
+        if self._sq8_of is not self.index:  # first use, or the index was replaced (moved to a device)
+            self._sq8, self._sq8_of = faiss_index.sq8_lists(self.index), self.index
+        return self._sq8
 
     def search(self, query_emb, k: int) -> tuple[np.ndarray, np.ndarray]:
         """query_emb (Q, dim) float (numpy or tensor), k -> scores (Q, k) float32 (-inf where missing), rows (Q, k)

@@ -156,3 +156,15 @@ def test_chunk_sentences_spans_and_seeds():
                 assert c.text == doc.text[c.char_start : c.char_end] and c.doc_id == doc.doc_id
                 assert c.char_start == doc.char_start[c.sentence_start] and c.char_end == doc.char_end[c.sentence_end]
                 assert c.seed_ids and all(c.sentence_start <= s <= c.sentence_end for s in c.seed_ids)
+
+
+def test_search_blocks_do_not_change_results(synthetic_engine, monkeypatch):
+    """query_columns searches whole slices at once (SEARCH_BLOCK_QUERIES): any block, one slice at a time or all
+    queries in one, gives the same chunks."""
+    import engine.query as query_mod
+
+    eng, q = synthetic_engine, _queries(synthetic_engine, 23, seed=2)
+    want = eng.query_embedded(q, slice_size=23)
+    for block in (1, 5, 12, 1000):
+        monkeypatch.setattr(query_mod, "SEARCH_BLOCK_QUERIES", block)
+        assert eng.query_embedded(q, slice_size=4) == want, block

@@ -1,0 +1,123 @@
+"""ivf_sq8_topk against its loop twin on random ragged inverted lists, and against FAISS's own IVF SQ8 search."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import kernels.ivf_scan as scan
+import kernels.reference as ref
+
+TOL = 1e-4
+
+
+@st.composite
+def inverted_lists(draw: st.DrawFn) -> dict:
+    """C in 1..5 lists of 0..8 rows each (rows numbered at random, unique), D in 1..6, Q in 0..5 queries, k, nprobe
+    (up to C + 1: clamped), codes from all 256 values or from {0, 255} (many equal codes)."""
+    n_lists, dim, n_q = draw(st.integers(1, 5)), draw(st.integers(1, 6)), draw(st.integers(0, 5))
+    sizes = draw(st.lists(st.integers(0, 8), min_size=n_lists, max_size=n_lists))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+    rows = torch.randperm(sum(sizes) + 5, generator=g)[: sum(sizes)]
+    few_codes = draw(st.booleans())
+    codes = [torch.randint(0, 2, (n, dim), generator=g).to(torch.uint8) * 255 if few_codes
+             else torch.randint(0, 256, (n, dim), generator=g).to(torch.uint8) for n in sizes]
+    bounds = np.cumsum([0, *sizes])
+    return {"query": torch.randn(n_q, dim, generator=g), "centroids": torch.randn(n_lists, dim, generator=g),
+            "list_codes": codes, "list_rows": [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)],
+            "vmin": torch.randn(dim, generator=g) * 0.5, "vdiff": torch.rand(dim, generator=g) + 0.1,
+            "nprobe": draw(st.integers(1, n_lists + 1)), "k": draw(st.integers(1, 12)),
+            "by_residual": draw(st.booleans())}
+
+
+def assert_same_topk(fast: tuple[torch.Tensor, torch.Tensor], slow: tuple[torch.Tensor, torch.Tensor],
+                     exact: dict[int, float] | list[dict[int, float]]) -> None:
+    """Same shapes, the same scores rank by rank (TOL), missing entries in the same places, and every returned row
+    scored as the reference scores it: rows may differ only among near-equal scores (float32 sums vs float64)."""
+    (fs, fr), (ss, sr) = fast, slow
+    assert fs.shape == ss.shape == fr.shape == sr.shape and fs.dtype == torch.float32 and fr.dtype == torch.long
+    assert torch.equal(fr < 0, sr < 0) and torch.equal(torch.isinf(fs), fr < 0)
+    ok = fr >= 0
+    assert torch.allclose(fs[ok], ss[ok], atol=TOL)
+    for qi in range(fr.shape[0]):
+        got = [r for r in fr[qi].tolist() if r >= 0]
+        assert len(set(got)) == len(got)
+        for r, s in zip(got, fs[qi].tolist(), strict=False):
+            assert abs(exact[qi][r] - s) < TOL
+        assert fs[qi][ok[qi]].tolist() == sorted(fs[qi][ok[qi]].tolist(), reverse=True)
+
+
+@settings(max_examples=250, deadline=None, database=None)
+@given(inverted_lists(), st.sampled_from([(1, 1), (2, 3), (256, 1 << 23)]))
+def test_ivf_sq8_topk_matches_reference(case: dict, limits: tuple[int, int]) -> None:
+    """Early merges (every list, or every few entries) change nothing but the memory held."""
+    with mock.patch.object(scan, "REFRESH_LISTS", limits[0]), mock.patch.object(scan, "MAX_CANDIDATES", limits[1]):
+        fast = scan.ivf_sq8_topk(**case)
+    slow = ref.ivf_sq8_topk(**case)
+    n_rows = sum(len(r) for r in case["list_rows"]) or 1
+    every_s, every_r = ref.ivf_sq8_topk(**{**case, "k": n_rows})  # every probed row's reference score
+    exact = [{r: s for r, s in zip(rr.tolist(), ss.tolist(), strict=True) if r >= 0}
+             for rr, ss in zip(every_r, every_s, strict=True)]
+    assert_same_topk(fast, slow, exact)
+
+
+def test_ivf_sq8_topk_empty_inputs() -> None:
+    empty = {"centroids": torch.zeros(2, 3), "list_codes": [torch.zeros((0, 3), dtype=torch.uint8)] * 2,
+             "list_rows": [torch.zeros(0, dtype=torch.long)] * 2, "vmin": torch.zeros(3), "vdiff": torch.ones(3),
+             "nprobe": 2, "k": 4}
+    s, r = scan.ivf_sq8_topk(torch.zeros(0, 3), **empty)
+    assert s.shape == r.shape == (0, 4)
+    s, r = scan.ivf_sq8_topk(torch.ones(2, 3), **empty)  # lists without rows: nothing found
+    assert (r == -1).all() and torch.isinf(s).all() and s.shape == (2, 4)
+
+
+def test_top_k_per_query_orders_ties_by_row() -> None:
+    q = torch.tensor([0, 0, 0, 1, 0])
+    s = torch.tensor([0.5, 0.9, 0.5, 0.1, 0.5])
+    r = torch.tensor([7, 3, 2, 9, 5])
+    best_s, best_r = scan.top_k_per_query(q, s, r, 3, 3)
+    assert best_r.tolist() == [[3, 2, 5], [9, -1, -1], [-1, -1, -1]]
+    assert best_s[0].tolist() == [pytest.approx(0.9), 0.5, 0.5] and torch.isinf(best_s[2]).all()
+
+
+def test_ivf_sq8_topk_equals_faiss_search() -> None:
+    """The views of a trained FAISS IVF SQ8 index (engine.store.index.sq8_lists) scored by the kernel give FAISS's
+    own search results: the decoding formula and the residual to the centroid are FAISS's."""
+    faiss = pytest.importorskip("faiss")
+    from engine.store import index as faiss_index
+
+    rng = np.random.default_rng(0)
+    data = rng.standard_normal((3000, 24)).astype(np.float32)
+    data /= np.linalg.norm(data, axis=1, keepdims=True)
+    for spec in ("IVF16,SQ8", "IVF16,Flat"):
+        index = faiss.index_factory(24, spec, faiss.METRIC_INNER_PRODUCT)
+        index.train(data[:2000])
+        index.add(data)
+        index.nprobe = 5
+        lists = faiss_index.sq8_lists(index)
+        if spec.endswith("Flat"):  # full vectors: FAISS searches them itself
+            assert lists is None
+            continue
+        assert sum(len(r) for r in lists.rows) == 3000 and lists.by_residual
+        query = rng.standard_normal((50, 24)).astype(np.float32)
+        want_s, want_r = index.search(query, 20)
+        got_s, got_r = scan.ivf_sq8_topk(torch.from_numpy(query), lists.centroids, lists.codes, lists.rows,
+                                         lists.vmin, lists.vdiff, index.nprobe, 20, lists.by_residual)
+        assert np.allclose(got_s.numpy(), want_s, atol=TOL)
+        for g, w, ws in zip(got_r.numpy(), want_r, want_s, strict=True):
+            clear = ws > ws[-1] + TOL  # rows above the cut by more than the tolerance: the same set
+            assert set(w[clear]) <= set(g)
+
+
+def test_row_top_k_keeps_lower_rows_at_a_tie() -> None:
+    scores = torch.tensor([[0.5, 0.9, 0.5, 0.5], [0.1, 0.2, 0.3, 0.4]])
+    rows = torch.tensor([40, 10, 30, 20])
+    best, got = scan.row_top_k(scores, rows, 2)
+    assert got.tolist() == [[10, 20], [20, 30]] and torch.allclose(best, torch.tensor([[0.9, 0.5], [0.4, 0.3]]))
+    best, got = scan.row_top_k(scores, rows, 9)  # k beyond the list: all of it
+    assert got.shape == (2, 4) and sorted(got[0].tolist()) == [10, 20, 30, 40]
