@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import torch
 
 REFRESH_LISTS = 256  # lists scanned between two raises of the running thresholds (after the first 1, 2, 4, ...)
-MAX_CANDIDATES = 1 << 21  # candidate entries held before an early merge (40 MiB of queries, scores, rows)
+MAX_CANDIDATES = 1 << 20  # candidate entries held before an early merge (20 MiB of queries, scores, rows)
 PROBE_BLOCK_ELEMENTS = 1 << 22  # query x centroid scores per block of the coarse search
 
 
@@ -139,35 +139,39 @@ def ivf_sq8_topk(
     nprobe = max(1, min(int(nprobe), n_c))
     probe_s, probes = probe_lists(q, centroids.float(), nprobe)  # (Q, P)
     offset = (q @ vmin + (0.5 / 255) * (q @ vdiff))[:, None] + (probe_s if by_residual else torch.zeros_like(probe_s))
+    del probe_s
     q_scaled = q * (vdiff / 255)  # (Q, D)
-    pair_list, pair_offset = probes.reshape(-1), offset.reshape(-1)  # (Q * P,) each (query, probed list) pair
-    pair_query = torch.arange(n_q, device=device).repeat_interleave(nprobe)
-    nearest = torch.zeros((n_q, nprobe), dtype=torch.bool, device=device)
-    nearest[:, 0] = True
-    nearest = nearest.reshape(-1)
+    probes = probes.to(torch.int32)  # (Q, P): the (query, probed list) pairs, int32 to halve the pair arrays
     cand = _Candidates(n_q, k, device)
-    for phase in (nearest, ~nearest):  # each query's nearest list first: it sets the thresholds
-        pairs = phase.nonzero().squeeze(1)
-        pairs = pairs[torch.sort(pair_list[pairs], stable=True).indices]  # grouped by list
-        counts = torch.bincount(pair_list[pairs], minlength=n_c)
+    for first in (True, False):  # each query's nearest list first (column 0): it sets the thresholds
+        cols = probes[:, :1] if first else probes[:, 1:]  # (Q, P') lists of this phase's pairs
+        width = cols.shape[1]
+        if width == 0:
+            continue
+        by_list, pairs = torch.sort(cols.reshape(-1), stable=True)  # pairs grouped by list: index q * P' + j
+        counts = torch.bincount(by_list, minlength=n_c)
+        del by_list
+        pairs = pairs.to(torch.int32)
         ends, sizes = torch.cumsum(counts, 0).tolist(), counts.tolist()
         scanned, next_merge = 0, 1
         for lst in counts.nonzero().squeeze(1).tolist():
             codes, rows = list_codes[lst], list_rows[lst]
             if codes.shape[0] == 0:
                 continue
-            group = pairs[ends[lst] - sizes[lst] : ends[lst]]
-            who = pair_query[group]  # (m,) queries probing this list
-            scores = torch.addmm(pair_offset[group][:, None], q_scaled[who], codes.T.to(torch.float32))  # (m, n)
-            if phase is nearest:  # each query once: its best k of this list go straight into its table row
+            group = pairs[ends[lst] - sizes[lst] : ends[lst]].long()
+            who = group // width  # (m,) queries probing this list
+            at = group - who * width + (0 if first else 1)  # their probe columns
+            scores = torch.addmm(offset[who, at][:, None], q_scaled[who], codes.T.to(torch.float32))  # (m, n)
+            if first:  # each query once: its best k of this list go straight into its table row
                 best, got = row_top_k(scores, rows, k)
                 cand.best_s[who, : best.shape[1]], cand.best_r[who, : best.shape[1]] = best, got
             else:
                 hit_q, hit_c = (scores >= cand.threshold[who][:, None]).nonzero(as_tuple=True)
                 cand.add(who[hit_q], scores[hit_q, hit_c], rows[hit_c])
-            scanned += 1
-            if phase is not nearest and scanned >= next_merge:  # loose thresholds early: raise after 1, 2, 4, ...
-                cand.merge()
-                next_merge = scanned + min(scanned, REFRESH_LISTS)
-        cand.merge()  # after the nearest lists (one per query): the first thresholds
+                scanned += 1
+                if scanned >= next_merge:  # loose thresholds early: raise them after 1, 2, 4, ... lists
+                    cand.merge()
+                    next_merge = scanned + min(scanned, REFRESH_LISTS)
+        del pairs
+        cand.merge()  # after the nearest lists: the first thresholds
     return cand.merge()
