@@ -61,18 +61,20 @@ def top_k_per_query(query_of: torch.Tensor, scores: torch.Tensor, rows: torch.Te
     return out_s, out_r
 
 
-def row_top_k(scores: torch.Tensor, rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """scores (m, n) float32, rows (n,) int64 the columns' rows, k -> per score row its min(k, n) best: scores
-    (m, k') and rows (m, k'); equal scores at the cut keep the lower rows (topk picks among them arbitrarily)."""
+def row_top_k(scores: torch.Tensor, k: int, rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """scores (m, n) float32, k, rows (n,) int64 the columns' rows (None: the columns themselves) -> per score
+    row its min(k, n) best: scores (m, k') and rows (m, k'); equal scores at the cut keep the lower rows
+    (torch.topk picks among them arbitrarily)."""
     kk = min(k, scores.shape[1])
     best, col = scores.topk(kk, dim=1)
-    tied = (scores >= best[:, -1:]).sum(1) > kk if kk else torch.zeros(scores.shape[0], dtype=torch.bool)
-    if bool(tied.any()):
-        by_row = rows.argsort(stable=True)  # columns in row order, then a stable sort by score
-        sub = scores[tied][:, by_row]
-        col[tied] = by_row[torch.sort(sub, dim=1, descending=True, stable=True).indices[:, :kk]]
+    tied = (scores >= best[:, -1:]).sum(1) > kk  # more than k' scores reach the k'-th: a tie at the cut
+    if kk and bool(tied.any()):
+        by_row = None if rows is None else rows.argsort(stable=True)  # columns in row order, then by score
+        sub = scores[tied] if by_row is None else scores[tied][:, by_row]
+        picked = torch.sort(sub, dim=1, descending=True, stable=True).indices[:, :kk]
+        col[tied] = picked if by_row is None else by_row[picked]
         best[tied] = scores[tied].gather(1, col[tied])
-    return best, rows[col]
+    return best, col if rows is None else rows[col]
 
 
 class _Candidates:
@@ -163,7 +165,7 @@ def ivf_sq8_topk(
             at = group - who * width + (0 if first else 1)  # their probe columns
             scores = torch.addmm(offset[who, at][:, None], q_scaled[who], codes.T.to(torch.float32))  # (m, n)
             if first:  # each query once: its best k of this list go straight into its table row
-                best, got = row_top_k(scores, rows, k)
+                best, got = row_top_k(scores, k, rows)
                 cand.best_s[who, : best.shape[1]], cand.best_r[who, : best.shape[1]] = best, got
             else:
                 hit_q, hit_c = (scores >= cand.threshold[who][:, None]).nonzero(as_tuple=True)

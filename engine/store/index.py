@@ -26,6 +26,7 @@ import torch
 from engine.errors import QascError
 from engine.store.files import ResumableError, atomic_write_with, file_digest, read_table
 from engine.store.schema import embeddings_of
+from kernels.ivf_scan import row_top_k
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
 AUTO_FLAT_MAX = 200_000  # rows; exact search over more than this is slower than an IVF probe
@@ -268,7 +269,7 @@ def sq8_lists(index) -> Sq8Lists | None:
             rows.append(torch.zeros(0, dtype=torch.long))
             continue
         codes.append(torch.from_numpy(faiss.rev_swig_ptr(lists.get_codes(c), n * d).reshape(n, d)))
-        rows.append(torch.from_numpy(faiss.rev_swig_ptr(lists.get_ids(c), n)).view(torch.long))
+        rows.append(torch.from_numpy(faiss.rev_swig_ptr(lists.get_ids(c), n)))
     trained = faiss.vector_to_array(ivf.sq.trained).astype(np.float32)  # vmin (d), then vdiff (d)
     centroids = ivf.quantizer.reconstruct_n(0, ivf.nlist).astype(np.float32)
     return Sq8Lists(torch.from_numpy(centroids), codes, rows, torch.from_numpy(trained[:d].copy()),
@@ -451,13 +452,8 @@ RERANK_BLOCK_ELEMENTS = 1 << 22  # gathered hit vectors per block of `rerank` (1
 
 def _block_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """sims (B, R) float32, k <= R -> values (B, k), columns (B, k) int64: the k largest per row, equal values at
-    the cut resolved to the lower columns (torch.topk picks among them arbitrarily), ordered by column."""
-    vals, idx = sims.topk(k, dim=1)
-    tied = (sims >= vals[:, -1:]).sum(1) > k  # more than k values reach the k-th: rows whose cut is a tie
-    if bool(tied.any()):
-        sel = tied.nonzero().squeeze(1)
-        sv, si = torch.sort(sims[sel], dim=1, descending=True, stable=True)  # equal values keep column order
-        vals[sel], idx[sel] = sv[:, :k], si[:, :k]
+    the cut resolved to the lower columns (`kernels.ivf_scan.row_top_k`), ordered by column."""
+    vals, idx = row_top_k(sims, k)
     order = idx.argsort(dim=1)
     return vals.gather(1, order), idx.gather(1, order)
 

@@ -117,7 +117,7 @@ def test_ivf_sq8_topk_equals_faiss_search() -> None:
 def test_row_top_k_keeps_lower_rows_at_a_tie() -> None:
     scores = torch.tensor([[0.5, 0.9, 0.5, 0.5], [0.1, 0.2, 0.3, 0.4]])
     rows = torch.tensor([40, 10, 30, 20])
-    best, got = scan.row_top_k(scores, rows, 2)
+    best, got = scan.row_top_k(scores, 2, rows)
     assert got.tolist() == [[10, 20], [20, 30]] and torch.allclose(best, torch.tensor([[0.9, 0.5], [0.4, 0.3]]))
-    best, got = scan.row_top_k(scores, rows, 9)  # k beyond the list: all of it
+    best, got = scan.row_top_k(scores, 9, rows)  # k beyond the list: all of it
     assert got.shape == (2, 4) and sorted(got[0].tolist()) == [10, 20, 30, 40]
