@@ -731,24 +731,35 @@ def context_boost(
     return _to_tensor(out, tuple(c.shape), c.dtype, c.device)
 
 
-def ivf_sq8_topk(query, centroids, list_codes, list_rows, vmin, vdiff, nprobe, k, by_residual=True):
+def ivf_sq8_topk(query, centroids, list_codes, list_rows, vmin, vdiff, nprobe, k, by_residual=True, int8=False):
     """Twin of kernels.ivf_scan.ivf_sq8_topk: per query, the probed lists by centroid score (ties: lower list),
     each code decoded to its vector one at a time (FAISS's 8-bit decoding), the inner products in float64, then
-    the k best (score descending, equal scores lower row first)."""
+    the k best (score descending, equal scores lower row first). int8: the code term sum_d q_d vdiff_d / 255 code_d
+    is step * sum_d w_d code_d instead, w the query's weights q * vdiff / 255 rounded to steps of max |w| / 127."""
     device = centroids.device
     q_rows, cents = _rows(query.double()), _rows(centroids.double())
     lo, span = [float(v) for v in vmin.double()], [float(v) for v in vdiff.double()]
     codes = [[[int(c) for c in row] for row in _rows(t)] for t in list_codes]
     rows = [[int(r) for r in t.tolist()] for t in list_rows]
     out_s, out_r = [], []
-    for q in q_rows:
+    for i, q in enumerate(q_rows):
         by_list = sorted(range(len(cents)), key=lambda c: (-sum(a * b for a, b in zip(q, cents[c], strict=True)), c))
+        if int8:  # the same float32 operations as the kernel's quantize_rows, one query at a time
+            w = query[i].to("cpu", torch.float32) * (vdiff.to("cpu", torch.float32) / 255)
+            step = w.abs().max().clamp(min=1e-30) / 127 if len(w) else torch.tensor(1e-30)
+            weights, step = [int(v) for v in torch.round(w / step).tolist()], float(step)
         found = []
         for c in by_list[: max(1, min(nprobe, len(cents)))]:
             base = cents[c] if by_residual else [0.0] * len(q)
             for code, row in zip(codes[c], rows[c], strict=True):
-                x = [b + m + (v + 0.5) / 255 * d for b, m, v, d in zip(base, lo, code, span, strict=True)]
-                found.append((-sum(a * b for a, b in zip(q, x, strict=True)), row))
+                if int8:
+                    x = [b + m + 0.5 / 255 * d for b, m, d in zip(base, lo, span, strict=True)]
+                    score = sum(a * b for a, b in zip(q, x, strict=True)) + step * sum(
+                        a * b for a, b in zip(weights, code, strict=True))
+                else:
+                    x = [b + m + (v + 0.5) / 255 * d for b, m, v, d in zip(base, lo, code, span, strict=True)]
+                    score = sum(a * b for a, b in zip(q, x, strict=True))
+                found.append((-score, row))
         found.sort()
         best = found[:k] + [(math.inf, -1)] * max(0, k - len(found))
         out_s.append([-s for s, _ in best])

@@ -4,8 +4,9 @@ The embeddings are held once, in the store's dtype (float32 | float16): each sha
 into one preallocated (N, dim) array (no concatenated temporary), wrapped without a copy as the tensor
 `Store.vectors`; `to_device` moves it (an engine on CUDA keeps only the device copy). Flat stores do not load
 their FAISS index by default: exact search runs blocked over `vectors` (`index.exact_topk`), so no second copy.
-An ivf index of 8-bit codes (the default) is searched by `kernels.ivf_sq8_topk` over views of its lists: the same
-scores as FAISS's search, many queries per list at once (`Store.ivf_search = "faiss"` searches through FAISS).
+An ivf index of 8-bit codes (the default) is searched by `kernels.ivf_sq8_topk` over views of its lists, many
+queries per list at once: on CPU with 8-bit query weights (int8 x int8 products; `Store.ivf_int8 = False` gives
+FAISS's own scores), the hits then re-ranked exactly (`Store.ivf_search = "faiss"` searches through FAISS).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from engine.types import Headings, Sentences
 from kernels.ivf_scan import ivf_sq8_topk
 
 IVF_SEARCH = "torch"  # how an 8-bit ivf index is searched: "torch" (kernels.ivf_scan) or "faiss" (IndexIVF.search)
+# the torch scan's query weights in 8 bits (int8 products) on CPU: 1.6-1.9x the float32 scan at 1M rows, the same
+# recall@16 after the exact re-rank (bench/RESULTS.md); False: float32, FAISS's own scores
+IVF_INT8 = True
 
 
 def load_shard(root: Path, shard: dict, manifest: dict, out: np.ndarray | None = None
@@ -147,6 +151,7 @@ class Store:
         self.row_doc = np.repeat(np.arange(len(docs), dtype=np.int64), np.diff(self.doc_offsets))  # (N,)
         self.index = index
         self.ivf_search = IVF_SEARCH
+        self.ivf_int8 = IVF_INT8
         self._sq8: faiss_index.Sq8Lists | None = None
         self._sq8_of = None  # the index _sq8 was built from
         if headings is None:
@@ -243,7 +248,8 @@ class Store:
         if lists is not None:  # the batched torch scan of the same codes (kernels.ivf_scan)
             scores, rows = (t.to(self.vectors.device) for t in ivf_sq8_topk(
                 query.detach().to("cpu", torch.float32), lists.centroids, lists.codes, lists.rows, lists.vmin,
-                lists.vdiff, int(self.index.nprobe), wide, lists.by_residual))
+                lists.vdiff, int(self.index.nprobe), wide, lists.by_residual,
+                int8=self.ivf_int8 and lists.centroids.device.type == "cpu"))
         else:
             host = query.detach().to("cpu", torch.float32).numpy()
             scores, rows = (torch.from_numpy(a).to(self.vectors.device)

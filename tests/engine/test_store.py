@@ -200,13 +200,18 @@ def test_index_flag_and_float16(tmp_path, tiny_model, kind):
     assert (store.search(store.embeddings, 1)[1][:, 0] == np.arange(len(store))).mean() > 0.9
     assert all(ok for _, ok, _ in verify_store(tmp_path / "s"))
     if kind == "ivf":  # the 8-bit lists searched by the torch scan (the default) give FAISS's own hits
-        assert store.sq8_lists() is not None
+        assert store.sq8_lists() is not None and store.ivf_int8
         q = torch.from_numpy(store.embeddings[:60].astype(np.float32)) + 0.05
-        torch_s, torch_r = store.search_tensor(q, 5)
+        int8_s, int8_r = store.search_tensor(q, 5)  # int8 query weights, re-ranked exactly
+        store.ivf_int8 = False
+        torch_s, torch_r = store.search_tensor(q, 5)  # float32: FAISS's scores
         store.ivf_search = "faiss"
         assert store.sq8_lists() is None
         faiss_s, faiss_r = store.search_tensor(q, 5)
         assert torch.allclose(torch_s, faiss_s, atol=1e-4) and (torch_r == faiss_r).float().mean() > 0.95
+        assert (int8_r == faiss_r).float().mean() > 0.9
+        same = int8_r == faiss_r  # a hit found by both has the same exact (re-ranked) score
+        assert torch.allclose(int8_s[same], faiss_s[same], atol=1e-4)
 
 
 def test_open_errors(tmp_path):
