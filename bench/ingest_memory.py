@@ -5,7 +5,9 @@ bench.scale synthetic corpus of N sentences, with bench.scale's TableEmbedder (t
 table, mean-pooled: the model's cost taken out), `--index ivf --dtype-store float16`. VmRSS is read at each phase
 boundary (embedder loaded, every 10th shard written, index training start/end, adding start/end, index written)
 and the peak is the process's VmHWM (tracemalloc does not see numpy, Arrow or faiss memory). The target is a
-driver peak <= 1 GiB whatever N; the local path's only part that grows with N is the index's SQ8 codes.
+driver peak <= 1 GiB whatever N; the local path's only part that grows with N is the index's SQ8 codes, which
+stores of engine.store.index_child.INDEX_CHILD_MIN_ROWS rows or more build in a child process (its peak is
+reported beside the driver's; `--index-in-process` builds every index here, with RSS marks around its steps).
 
     python -m bench.ingest_memory --sentences 50000
     python -m bench.ingest_memory --sentences 200000 --work /tmp/qasc-scale   # reuses bench.scale's corpus there
@@ -31,11 +33,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--work", type=Path, default=Path("/tmp/qasc-scale"), help="corpus / model folder (reused)")
     ap.add_argument("--store", type=Path, default=None, help="store folder (default WORK/ingest-memory-N-sS; replaced)")
     ap.add_argument("--index", default="ivf", help="--index of the ingest (auto | flat | ivf | hnsw)")
+    ap.add_argument("--index-in-process", action="store_true", help="build the index in this process at any size")
     args = ap.parse_args(argv)
 
     from engine.config import EmbedderConfig, EngineConfig
-    from engine.store import IngestConfig, IngestProgress, ingest
+    from engine.store import IngestConfig, IngestProgress, index_child, ingest
     from engine.store import index as faiss_index
+
+    if args.index_in_process:
+        index_child.INDEX_CHILD_MIN_ROWS = 1 << 62
 
     t0 = time.perf_counter()
     marks: list[dict] = []
@@ -94,6 +100,7 @@ def main(argv: list[str] | None = None) -> dict:
     print_table(marks, ["s", "phase", "rss_gb"], title=f"ingest driver RSS, {summary['sentences']} sentences")
     record = {"bench": "ingest_memory", "sentences": summary["sentences"], "documents": summary["documents"],
               "index": summary["index"], "seconds": summary["seconds"], "driver_peak_rss_gb": peak,
+              "index_peak_rss_gb": summary.get("index_peak_rss_gb"),
               "phases": marks, "machine": machine_info()}
     emit_json(record)
     return record

@@ -294,7 +294,7 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
             "seconds": round(seconds, 2), "sentences_per_s": round(embedded / max(seconds, 1e-9), 1),
             "embedded": embedded, "resumed_shards": run["resumed_shards"], "mode": run["mode"],
             "store_documents": manifest["counts"]["documents"], "store_sentences": manifest["counts"]["sentences"],
-            "index": index_entry["kind"]}
+            "index": index_entry["kind"], "index_peak_rss_gb": getattr(runner, "index_peak_rss_gb", None)}
 
 
 def _check_finished(units: Sequence[InputUnit], staging: Staging) -> None:

@@ -32,6 +32,7 @@ IVF_SEARCH = "torch"  # how an 8-bit ivf index is searched: "torch" (kernels.ivf
 # the torch scan's query weights in 8 bits (int8 products) on CPU: 1.6-1.9x the float32 scan at 1M rows, the same
 # recall@16 after the exact re-rank (bench/RESULTS.md); False: float32, FAISS's own scores
 IVF_INT8 = True
+IVF_INT8_MIN_LIST_ROWS = 128  # ... for lists of this many rows on average (smaller: float32 was faster, 20k rows)
 
 
 def load_shard(root: Path, shard: dict, manifest: dict, out: np.ndarray | None = None
@@ -249,7 +250,8 @@ class Store:
             scores, rows = (t.to(self.vectors.device) for t in ivf_sq8_topk(
                 query.detach().to("cpu", torch.float32), lists.centroids, lists.codes, lists.rows, lists.vmin,
                 lists.vdiff, int(self.index.nprobe), wide, lists.by_residual,
-                int8=self.ivf_int8 and lists.centroids.device.type == "cpu"))
+                int8=self.ivf_int8 and lists.centroids.device.type == "cpu"
+                and len(self.vectors) >= IVF_INT8_MIN_LIST_ROWS * len(lists.codes)))
         else:
             host = query.detach().to("cpu", torch.float32).numpy()
             scores, rows = (torch.from_numpy(a).to(self.vectors.device)

@@ -23,6 +23,7 @@ import pyarrow as pa
 from engine.config import EngineConfig
 from engine.errors import QascError
 from engine.splitter import SplitterConfig, heading_paths, split_sentences
+from engine.store import index_child
 from engine.store.files import ResumableError, atomic_parquet, file_digest
 from engine.store.index import build_index_file
 from engine.store.inputs import Document, InputUnit, ReadOptions, read_unit
@@ -248,10 +249,17 @@ class LocalRunner:
     def session(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
 
+    index_peak_rss_gb: float | None = None  # the index build's peak RSS when a child process built it
+
     def build_index(self, root: str, shards: list[dict], old: dict | None, kind: str, dim: int, index_file: str,
                     log: Callable[[str], None]) -> dict:
-        """In this process: the index (the SQ8 codes of an ivf index, N x dim bytes) is what grows with N here."""
-        return build_index_file(Path(root), shards, old, kind, dim, index_file, log)
+        """The index (an ivf index's SQ8 codes, N x dim bytes, are what grows with N) built in this process for
+        small stores, in a child process (`engine.store.index_child`) from INDEX_CHILD_MIN_ROWS rows on, so that
+        the driver's memory does not grow with the input."""
+        if sum(int(s["n_sentences"]) for s in shards) < index_child.INDEX_CHILD_MIN_ROWS:
+            return build_index_file(Path(root), shards, old, kind, dim, index_file, log)
+        entry, self.index_peak_rss_gb = index_child.build_in_child(root, shards, old, kind, dim, index_file, log)
+        return entry
 
     def run(self, units: Sequence[InputUnit], ctx: IngestContext, done: Mapping[int, Collection[int]],
             on_shard: OnRecord, on_unit: OnRecord, progress: StageProgress) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from engine.store import (
     verify_store,
 )
 from engine.store import index as faiss_index
+from engine.store.files import ResumableError
 
 DOCS = {
     "alpha": "# Alpha\n\nThe first document has two paragraphs. It talks about lighthouses and lenses.\n\n"
@@ -184,7 +186,7 @@ def test_round_trip_exact_offsets_and_schemas(small_store, tiny_model):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ivf", "hnsw"])
-def test_index_flag_and_float16(tmp_path, tiny_model, kind):
+def test_index_flag_and_float16(tmp_path, tiny_model, kind, monkeypatch):
     from engine.config import EmbedderConfig, EngineConfig
 
     config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
@@ -202,6 +204,9 @@ def test_index_flag_and_float16(tmp_path, tiny_model, kind):
     if kind == "ivf":  # the 8-bit lists searched by the torch scan (the default) give FAISS's own hits
         assert store.sq8_lists() is not None and store.ivf_int8
         q = torch.from_numpy(store.embeddings[:60].astype(np.float32)) + 0.05
+        from engine.store import reader
+
+        monkeypatch.setattr(reader, "IVF_INT8_MIN_LIST_ROWS", 0)  # int8 even for these short lists
         int8_s, int8_r = store.search_tensor(q, 5)  # int8 query weights, re-ranked exactly
         store.ivf_int8 = False
         torch_s, torch_r = store.search_tensor(q, 5)  # float32: FAISS's scores
@@ -230,3 +235,46 @@ def test_open_errors(tmp_path):
     (tmp_path / "broken" / "manifest.json").write_text(json.dumps({"format": "qasc-store", "format_version": 1}))
     with pytest.raises(QascError, match="incomplete manifest"):
         Store.open(tmp_path / "broken")
+
+
+@pytest.mark.slow
+def test_index_built_in_a_child_process_is_the_same(tmp_path, tiny_model, monkeypatch):
+    """From INDEX_CHILD_MIN_ROWS rows on, the local ingest builds its index in a child process: the same index
+    file bytes as in process, the child's peak RSS reported, and a child that dies leaves a resumable store."""
+    from engine.config import EmbedderConfig, EngineConfig
+    from engine.store import index_child
+
+    config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
+    corpus = write_corpus(tmp_path / "corpus")
+    here = ingest([str(corpus)], tmp_path / "here", config, IngestConfig(index="ivf"))
+    assert here["index_peak_rss_gb"] is None  # small: built in process
+    monkeypatch.setattr(index_child, "INDEX_CHILD_MIN_ROWS", 0)
+    child = ingest([str(corpus)], tmp_path / "child", config, IngestConfig(index="ivf"))
+    assert child["index_peak_rss_gb"] > 0
+    a, b = (json.loads((tmp_path / n / "manifest.json").read_text()) for n in ("here", "child"))
+    assert a["index"] == b["index"] and a["checksums"][a["index"]["file"]] == b["checksums"][b["index"]["file"]]
+    assert all(ok for _, ok, _ in verify_store(tmp_path / "child"))
+
+    real = index_child.build_in_child
+
+    def dies(*args, **kwargs):  # the child killed before it writes a result (as the kernel's OOM killer would)
+        return real(*args, **kwargs, command=[sys.executable, "-c", "import os; os._exit(137)"])
+
+    monkeypatch.setattr(index_child, "build_in_child", dies)
+    with pytest.raises(ResumableError, match="index build process exited with 137.*run the same ingest again"):
+        ingest([str(corpus)], tmp_path / "dead", config, IngestConfig(index="ivf"))
+    monkeypatch.setattr(index_child, "build_in_child", real)
+    resumed = ingest([str(corpus)], tmp_path / "dead", config, IngestConfig(index="ivf"))
+    assert resumed["resumed_shards"] > 0 and all(ok for _, ok, _ in verify_store(tmp_path / "dead"))
+
+
+def test_index_child_reports_errors_as_the_drivers(tmp_path):
+    """A QascError raised in the child is raised in the driver with its message; other errors become QascError."""
+    from engine.store import index_child
+
+    bad = [{"n_sentences": 3, "sentences": "missing.parquet", "dim": 4}]
+    with pytest.raises(QascError, match="missing.parquet: missing store file"):
+        index_child.build_in_child(str(tmp_path), bad, None, "flat", 4, "index-0001.faiss", lambda line: None)
+    with pytest.raises(QascError, match="building the index failed: KeyError"):  # not a QascError in the child
+        index_child.build_in_child(str(tmp_path), [{}], None, "flat", 4, "index-0001.faiss", lambda line: None)
+    assert not (tmp_path / "index-0001.faiss").exists()
