@@ -16,6 +16,11 @@ above that running threshold (raised after 1, 2, 4, ... lists, then every `REFRE
 entries' best into dense (Q, k) tables), so only a few hundred entries per query are ever sorted. The result is
 the exact top k of the scanned codes (the threshold never drops an entry that could reach the final k), equal
 scores resolved to the lower row whatever the batch.
+
+With int8=True the query side is 8-bit too: q * vdiff / 255 rounded per query to steps of max / 127, each list's
+product an int8 x int8 -> int32 GEMM over the codes' bytes shifted to int8 (no float copy of a list), thresholds
+compared in those integer units; scores are then approximate (bounded by the rounding), which the caller's exact
+re-rank absorbs (bench/RESULTS.md: the same recall@16 at 1M, 1.5-2x the float scan).
 """
 
 from __future__ import annotations
