@@ -220,7 +220,7 @@ def ivf_sq8_topk(
             else:  # (m, n) float32 scores
                 raw = torch.addmm(off[:, None], q_scaled.index_select(0, who), codes.T.to(torch.float32))
             if first:  # each query once: its best k of this list go straight into its table row
-                scores = torch.addcmul(off[:, None], scale[:, None], raw.to(torch.float32)) if int8 else raw
+                scores = off[:, None] + scale[:, None] * raw.to(torch.float32) if int8 else raw
                 best, got = row_top_k(scores, k, rows)
                 cand.best_s[who, : best.shape[1]], cand.best_r[who, : best.shape[1]] = best, got
                 continue

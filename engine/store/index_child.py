@@ -5,7 +5,7 @@ dim bytes, plus 8 bytes of id a row, plus the list assignments while adding). `L
 stores of at least INDEX_CHILD_MIN_ROWS rows to `build_in_child`: a fresh interpreter running this module's
 `main(SPEC)` runs `engine.store.index.build_index_file` (the same call as in process, and as the Ray task of a cluster
 ingest) and reports the manifest entry, or the error, in a JSON file beside the spec; its log lines go to
-stderr. The driver's memory then stays flat in N; the child's peak RSS (VmHWM) comes back with the entry.
+stderr. The driver's memory then stays flat in N; the child's peak RSS (ru_maxrss) comes back with the entry.
 
 A child that dies (killed for memory, a crash) raises ResumableError: the shards are committed, and the same
 ingest resumes at the index. A QascError / ResumableError inside the child is raised as itself.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -60,16 +61,6 @@ def build_in_child(root: str, shards: list[dict], old: dict | None, kind: str, d
     return out["entry"], out.get("peak_rss_gb")
 
 
-def _peak_rss_gb() -> float | None:
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / (1 << 20)
-    except OSError:
-        pass
-    return None
-
-
 def main(argv: list[str]) -> int:
     """The child: [SPEC] -> the index written, {"entry", "peak_rss_gb"} or {"error": {"type", "message"}} in
     the spec's result file. Exit status 0 either way (the result file says which)."""
@@ -80,7 +71,7 @@ def main(argv: list[str]) -> int:
     try:
         entry = build_index_file(Path(spec["root"]), spec["shards"], spec["old"], spec["kind"], spec["dim"],
                                  spec["index_file"], log_stderr)
-        out: dict = {"entry": entry, "peak_rss_gb": _peak_rss_gb()}
+        out: dict = {"entry": entry, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)}
     except Exception as exc:  # reported to the driver, which raises it there
         out = {"error": {"type": type(exc).__name__, "message": str(exc)}}
     Path(spec["result"]).write_text(json.dumps(out))
