@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator, Sequence
-from functools import cached_property
+from functools import cached_property, reduce
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 MAX_QUERY_CHARS = 10_000
 SIMS_BLOCK_ELEMENTS = 1 << 22  # gathered candidate vectors per block (16 MiB of float32; 64 MiB: no faster)
 STATS_BLOCK_ROWS = 16384  # store rows per block of the query-independent stats (cast to float32 per block)
+BLOCK_ROWS_MAX = 32  # whole blocks brought into the candidate region: at most this many rows (and the token cap)
 DEFAULT_SLICE_SIZE = 2048  # queries per kernel slice
 SEARCH_BLOCK_QUERIES = 8192  # queries per search: whole slices (the ivf scan does 1.5x the queries/s at 10k as at 2k)
 CONTEXT_POOL = 32  # heading context: the gate's pool, the top rows by raw cosine
@@ -88,6 +89,29 @@ class Engine:
         self.embeddings = store_vectors(store, device)  # (N_total, dim) float32 | float16: the store's own copy
         self._dots: torch.Tensor | None = None  # (N_total, W) neighbour dots, computed on first pooled query
         self._blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # kind -> (sizes, norms) (N_total,)
+        self._bounds: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (kind, cap) -> first, last
+
+    def block_bounds(self, kind: str, max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """kind paragraph | section, a chunk's token cap -> first, last (N_total,) int64: the rows of each row's
+        block when it can be a whole-block extent (at most BLOCK_ROWS_MAX rows and `max_tokens` tokens), else
+        the row itself. A hit brings these rows into its candidate region, so that a block extent is never
+        missed because the neighbourhood around the hit was narrower than the block. Computed once and kept."""
+        if (kind, max_tokens) not in self._bounds:
+            ids = self.paragraph if kind == "paragraph" else self.section
+            keys = self.doc_of_row * (int(ids.max()) + 1 if ids.numel() else 1) + ids
+            n = keys.shape[0]
+            opens = torch.ones(n, dtype=torch.bool, device=self.device)
+            opens[1:] = keys[1:] != keys[:-1]
+            label = opens.long().cumsum(0) - 1  # (N,) block index
+            n_blocks = int(label[-1]) + 1 if n else 0
+            first = opens.nonzero().squeeze(1)  # (B,) each block's first row
+            size = torch.bincount(label, minlength=n_blocks)
+            tokens = torch.zeros(n_blocks, dtype=torch.long, device=self.device).index_add_(0, label, self.n_tokens)
+            whole = ((size <= BLOCK_ROWS_MAX) & (tokens <= max_tokens))[label]
+            own = torch.arange(n, dtype=torch.long, device=self.device)
+            self._bounds[(kind, max_tokens)] = (torch.where(whole, first[label], own),
+                                                torch.where(whole, (first + size - 1)[label], own))
+        return self._bounds[(kind, max_tokens)]
 
     def block_stats(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         """kind paragraph | section -> sizes (N_total,) int64, norms (N_total,) float32: each row's whole block
@@ -286,7 +310,11 @@ class Engine:
             hits, spread, cref = self.context_hits(query_emb, depth, params.context_weight, pool)
         else:
             hits = self.search(query_emb, depth) if pool is None else pool[:, :depth]
-        cand = candidate_rows(hits, self.doc_first, self.doc_last, retrieval.neighbourhood, self.n_total)
+        bounds = [self.block_bounds(k, params.max_tokens) for k in params.block_kinds]
+        first = reduce(torch.minimum, [b[0] for b in bounds]) if bounds else None
+        last = reduce(torch.maximum, [b[1] for b in bounds]) if bounds else None
+        cand = candidate_rows(hits, self.doc_first, self.doc_last, retrieval.neighbourhood, self.n_total,
+                              first, last, BLOCK_ROWS_MAX)
         rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
         sims = self.candidate_sims(query_emb, rows, cand.valid)
         if context:

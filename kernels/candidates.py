@@ -18,20 +18,28 @@ class CandidateRows:
 
 
 def candidate_rows(
-    hits: torch.Tensor, doc_first: torch.Tensor, doc_last: torch.Tensor, neighbourhood: int, n_total: int
+    hits: torch.Tensor, doc_first: torch.Tensor, doc_last: torch.Tensor, neighbourhood: int, n_total: int,
+    block_first: torch.Tensor | None = None, block_last: torch.Tensor | None = None, block_rows: int = 0,
 ) -> CandidateRows:
     """hits (Q, K) int64 global rows (-1 = none); doc_first/doc_last (N_total,) int64: first/last row of
-    each row's document (N_total >= 1) -> the sorted, de-duplicated candidate rows of each query and their
-    region ids.
+    each row's document (N_total >= 1); optional block_first/block_last (N_total,) int64: the rows of a block
+    (a section) each row brings whole, within its document and at most `block_rows` rows long (a row that
+    brings no block: itself) -> the sorted, de-duplicated candidate rows of each query and their region ids.
 
-    Each hit brings the rows within `neighbourhood` of it inside its own document; rows that are adjacent
-    and in the same document share a region. L is the widest query's candidate count.
+    Each hit brings the rows within `neighbourhood` of it inside its own document, and the rows of its block;
+    rows that are adjacent and in the same document share a region. L is the widest query's candidate count.
+    A block longer than `block_rows` is an error of the caller (its far rows would be cut off).
     """
     q = hits.shape[0]
-    offsets = torch.arange(-neighbourhood, neighbourhood + 1, device=hits.device)
+    reach = max(neighbourhood, block_rows - 1) if block_first is not None else neighbourhood
+    offsets = torch.arange(-reach, reach + 1, device=hits.device)
     safe = hits.clamp(min=0)
-    cand = safe[:, :, None] + offsets  # (Q, K, 2w+1)
-    ok = (hits[:, :, None] >= 0) & (cand >= doc_first[safe][:, :, None]) & (cand <= doc_last[safe][:, :, None])
+    cand = safe[:, :, None] + offsets  # (Q, K, 2 reach + 1)
+    lo, hi = safe - neighbourhood, safe + neighbourhood  # (Q, K) inclusive
+    if block_first is not None and block_last is not None:
+        lo, hi = torch.minimum(lo, block_first[safe]), torch.maximum(hi, block_last[safe])
+    lo, hi = torch.maximum(lo, doc_first[safe]), torch.minimum(hi, doc_last[safe])
+    ok = (hits[:, :, None] >= 0) & (cand >= lo[:, :, None]) & (cand <= hi[:, :, None])
     flat = torch.where(ok, cand, torch.full_like(cand, n_total)).reshape(q, cand.shape[1] * cand.shape[2])
     flat = flat.sort(dim=1).values
     dup = torch.zeros_like(flat, dtype=torch.bool)

@@ -601,14 +601,18 @@ def focus_on_best(
 
 
 def candidate_rows(
-    hits: torch.Tensor, doc_first: torch.Tensor, doc_last: torch.Tensor, neighbourhood: int, n_total: int
+    hits: torch.Tensor, doc_first: torch.Tensor, doc_last: torch.Tensor, neighbourhood: int, n_total: int,
+    block_first: torch.Tensor | None = None, block_last: torch.Tensor | None = None, block_rows: int = 0,
 ):
-    """Per query: the set of rows within `neighbourhood` of a hit inside the hit's document, sorted; rows
-    padded with n_total to the widest query; a new region wherever a row does not follow the previous one
-    in the same document."""
+    """Per query: the set of rows within `neighbourhood` of a hit inside the hit's document, plus the rows
+    from the hit's block_first to its block_last (when given) inside that document, sorted; rows padded with
+    n_total to the widest query; a new region wherever a row does not follow the previous one in the same
+    document."""
     from kernels.candidates import CandidateRows
 
     first, last = doc_first.tolist(), doc_last.tolist()
+    b_first = block_first.tolist() if block_first is not None else None
+    b_last = block_last.tolist() if block_last is not None else None
     per_query: list[list[int]] = []
     for row in _rows(hits):
         found: set[int] = set()
@@ -618,6 +622,8 @@ def candidate_rows(
             for r in range(h - neighbourhood, h + neighbourhood + 1):
                 if first[h] <= r <= last[h]:
                     found.add(r)
+            if b_first is not None and b_last is not None:
+                found.update(r for r in range(b_first[h], b_last[h] + 1) if first[h] <= r <= last[h])
         per_query.append(sorted(found))
     q = hits.shape[0]
     width = max((len(c) for c in per_query), default=0)
