@@ -1,8 +1,9 @@
 """The query engine: FAISS pre-retrieval, candidate regions around the hits, QASC over a padded batch.
 
 Candidate rule: each of the `depth` FAISS hits (sentences) brings the sentences within `neighbourhood`
-positions of it in its own document; overlapping or touching neighbourhoods of one document merge
-into one region. A query's row is its regions in store order; QASC never crosses a region boundary.
+positions of it in its own document, and (block extents on) every row of its block when the block can be a
+block extent (`block_bounds`); overlapping or touching neighbourhoods of one document merge into one region.
+A query's row is its regions in store order; QASC never crosses a region boundary.
 
 Heading context (QascParams.context_weight > 0, stores with heading paths): c(row) = cosine of the query and
 the row's heading path; the gate (kernels.context.heading_gate) over the distinct paths of the top
@@ -92,7 +93,7 @@ class Engine:
         self._bounds: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (kind, cap) -> first, last
 
     def block_bounds(self, kind: str, max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """kind paragraph | section, a chunk's token cap -> first, last (N_total,) int64: the rows of each row's
+        """kind paragraph | section, a chunk's token cap -> first, last (N_total,) int32: the rows of each row's
         block when it can be a whole-block extent (at most BLOCK_ROWS_MAX rows and `max_tokens` tokens), else
         the row itself. A hit brings these rows into its candidate region, so that a block extent is never
         missed because the neighbourhood around the hit was narrower than the block. Computed once and kept."""
@@ -109,8 +110,9 @@ class Engine:
             tokens = torch.zeros(n_blocks, dtype=torch.long, device=self.device).index_add_(0, label, self.n_tokens)
             whole = ((size <= BLOCK_ROWS_MAX) & (tokens <= max_tokens))[label]
             own = torch.arange(n, dtype=torch.long, device=self.device)
-            self._bounds[(kind, max_tokens)] = (torch.where(whole, first[label], own),
-                                                torch.where(whole, (first + size - 1)[label], own))
+            # int32 (rows < 2^31): two more per-row arrays, kept at half the bytes (8 MB at 1M rows)
+            self._bounds[(kind, max_tokens)] = (torch.where(whole, first[label], own).int(),
+                                                torch.where(whole, (first + size - 1)[label], own).int())
         return self._bounds[(kind, max_tokens)]
 
     def block_stats(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:

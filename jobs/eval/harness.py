@@ -24,7 +24,7 @@ from jobs.eval import baselines as B
 from jobs.eval import context as C
 from jobs.eval import peers as P
 from jobs.eval import qasc as Q
-from jobs.eval.crossval import CVResult, best_in_sample, leave_one_corpus_out
+from jobs.eval.crossval import CHOICE_TIE, CVResult, best_in_sample, leave_one_corpus_out
 from jobs.eval.data import Dataset, Question, load_dataset
 from jobs.eval.metrics import bootstrap_ci, score_spans
 from jobs.eval.retrieval import (
@@ -92,6 +92,14 @@ class MethodRun:
 
     def exact(self, selector: str) -> dict[str, dict[str, np.ndarray]]:
         return {k: v for k, v in self.candidates.items() if k.split("|", 1)[1] == selector}
+
+    def preference(self) -> dict[str, float] | None:
+        """QASC: each candidate's candidate-region width, depth x (2 neighbourhood + 1), which breaks near-ties
+        of every choice (crossval.choose: the wider region keeps more multi-region evidence); baselines: None."""
+        if not self.settings:
+            return None
+        width = {b: s.retrieval.depth * (2 * s.retrieval.neighbourhood + 1) for b, s in self.settings.items()}
+        return {k: float(width[k.split("|", 1)[0]]) for k in self.candidates}
 
 
 class Log:
@@ -339,8 +347,10 @@ def seed_sentence_cache(engine, embedder, dataset: Dataset, cache: EvalCache) ->
 BUDGET_CRITERION = "recall"  # QASC's setting per budget: every method spends up to the same budget
 
 
-def cv(cands: dict[str, dict[str, np.ndarray]], dataset: Dataset, criterion: str = "f1") -> CVResult:
-    return leave_one_corpus_out(cands, [q.corpus_id for q in dataset.questions], criterion)
+def cv(cands: dict[str, dict[str, np.ndarray]], dataset: Dataset, criterion: str = "f1",
+       prefer: dict[str, float] | None = None) -> CVResult:
+    return leave_one_corpus_out(cands, [q.corpus_id for q in dataset.questions], criterion, prefer,
+                                CHOICE_TIE if prefer is not None else 0.0)
 
 
 def views(runs: dict[str, MethodRun], dataset: Dataset, cfg: EvalConfig) -> dict:
@@ -351,7 +361,7 @@ def views(runs: dict[str, MethodRun], dataset: Dataset, cfg: EvalConfig) -> dict
     for name, run in runs.items():
         kinds = ("k", "margin") if run.family == "qasc" else ("k",)
         cands = {k: run.candidates[k] for k in run.selector_keys(kinds)}
-        res = cv(cands, dataset)
+        res = cv(cands, dataset, prefer=run.preference())
         cvs[name] = res
         entry = summarize(res.heldout, None, cfg.n_boot, cfg.seed)
         entry["single"] = summarize(res.heldout, ~multi, cfg.n_boot, cfg.seed)
@@ -366,14 +376,15 @@ def views(runs: dict[str, MethodRun], dataset: Dataset, cfg: EvalConfig) -> dict
         out["topk"][name] = {str(k): _view(run, f"k={k}", dataset, cfg) for k in cfg.ks}
         out["budget"][name] = {str(b): _view(run, f"budget={b}", dataset, cfg, BUDGET_CRITERION)
                                for b in cfg.budgets}
-        best = best_in_sample(cands)
+        prefer = run.preference()
+        best = best_in_sample(cands, "f1", prefer, CHOICE_TIE if prefer is not None else 0.0)
         out["in_sample"][name] = {"candidate": best, **summarize(run.candidates[best], None, cfg.n_boot, cfg.seed)}
     return out, cvs
 
 
 def _view(run: MethodRun, selector: str, dataset: Dataset, cfg: EvalConfig, criterion: str = "f1") -> dict:
     cands = run.exact(selector)
-    res = cv(cands, dataset, criterion)
+    res = cv(cands, dataset, criterion, run.preference())
     entry = summarize(res.heldout, None, cfg.n_boot, cfg.seed)
     if len(cands) > 1:
         entry["folds"] = [asdict(f) for f in res.folds]

@@ -20,6 +20,7 @@ POLICY = ("# Privacy policy of {site}\n\nWe never sell your personal data to adv
           "details are handled by our payment provider.\n")
 BAKING = ("# Sourdough baking guide\n\nFeed the starter twice a day with flour and water. The dough should proof "
           "until it has doubled in size.\n")
+WIDE = RetrievalConfig(depth=16, neighbourhood=4)  # every row of these tiny documents is a candidate
 QUESTIONS = ["[b.com] Do you sell my data?", "[a.com] Do you sell my personal data?",
              "How long should the dough proof?", "[b.com] What do you collect when I create an account?"]
 
@@ -51,19 +52,20 @@ def _never_sell(chunks, doc_id):
 def test_the_named_heading_wins_by_default_and_not_without_context(policy_engine):
     """Sentences identical but for their document's heading: "[b.com] ..." gets b's sentence first by default;
     with --context-weight 0 the two sentences score the same (runs only, every chunk returned, so no chunk holds
-    the differing heading line and no selection rule hides one of them)."""
+    the differing heading line and no selection rule hides one of them; every row a candidate, so that the
+    percentile seeds both sentences)."""
     default = policy_engine.config.qasc
     assert default.context_weight > 0
     first = policy_engine.query([QUESTIONS[0]])[0][0]
     assert first.doc_id == "b" and "never sell" in first.text
     every = default.replace(block_extents="none", focus_gap=None, far_margin=None, score_margin=None, top_k=None)
-    on = policy_engine.query([QUESTIONS[0]], every)[0]
+    on = policy_engine.query([QUESTIONS[0]], every, WIDE)[0]
     assert on[0].doc_id == "b" and "never sell" in on[0].text
     assert all(c.score < on[0].score - 0.05 for c in _never_sell(on, "a"))
-    off = policy_engine.query([QUESTIONS[0]], every.replace(context_weight=0.0))[0]
+    off = policy_engine.query([QUESTIONS[0]], every.replace(context_weight=0.0), WIDE)[0]
     a, b = _never_sell(off, "a"), _never_sell(off, "b")
     assert a and b and a[0].score == pytest.approx(b[0].score, abs=1e-6)  # identical sentences: no preference
-    other = policy_engine.query([QUESTIONS[1]], every)[0]  # and the other way round
+    other = policy_engine.query([QUESTIONS[1]], every, WIDE)[0]  # and the other way round
     assert _never_sell(other, "a")[0].score > _never_sell(other, "b")[0].score
 
 

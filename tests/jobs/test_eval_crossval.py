@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jobs.eval.crossval import best_in_sample, leave_one_corpus_out
+from jobs.eval.crossval import best_in_sample, choose, leave_one_corpus_out
 
 
 def test_choice_uses_only_the_other_corpora():
@@ -43,3 +43,18 @@ def test_single_corpus_scores_in_sample():
     res = leave_one_corpus_out({"k=1": {"f1": np.array([0.2, 0.4])}}, ["a", "a"])
     assert res.folds[0].chosen == "k=1"
     np.testing.assert_allclose(res.heldout["f1"], [0.2, 0.4])
+
+
+def test_a_preference_breaks_near_ties_only():
+    """Within `tie` of the best mean the preferred candidate wins (then the higher mean); outside it, the mean."""
+    corpus = ["a", "a", "b", "b"]
+    cands = {"narrow": {"f1": np.array([0.5000, 0.5000, 0.9, 0.9])},
+             "wide": {"f1": np.array([0.4995, 0.4995, 0.1, 0.1])},
+             "wider": {"f1": np.array([0.40, 0.40, 0.2, 0.2])}}
+    prefer = {"narrow": 1.0, "wide": 2.0, "wider": 3.0}
+    res = leave_one_corpus_out(cands, corpus, prefer=prefer, tie=0.001)
+    assert res.chosen_for("b") == "wide"  # 0.0005 below the best on corpus a: tied, and preferred
+    assert res.chosen_for("a") == "narrow"  # 0.9 vs 0.1 / 0.2 on corpus b: no tie
+    assert leave_one_corpus_out(cands, corpus).chosen_for("b") == "narrow"  # no preference: the first maximum
+    assert choose(np.array([0.3, 0.3, 0.3]), np.array([1.0, 2.0, 2.0]), 0.001) == 1  # equal preference: first
+    assert best_in_sample(cands, "f1", prefer, 0.001) == "narrow"  # pooled 0.7 vs 0.2995: no tie
