@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator, Sequence
-from functools import cached_property, reduce
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,30 +90,41 @@ class Engine:
         self.embeddings = store_vectors(store, device)  # (N_total, dim) float32 | float16: the store's own copy
         self._dots: torch.Tensor | None = None  # (N_total, W) neighbour dots, computed on first pooled query
         self._blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # kind -> (sizes, norms) (N_total,)
-        self._bounds: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (kind, cap) -> first, last
+        self._bounds: dict[tuple[tuple[str, ...], int], tuple[torch.Tensor, torch.Tensor]] = {}  # -> first, last
 
-    def block_bounds(self, kind: str, max_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """kind paragraph | section, a chunk's token cap -> first, last (N_total,) int32: the rows of each row's
-        block when it can be a whole-block extent (at most BLOCK_ROWS_MAX rows and `max_tokens` tokens), else
-        the row itself. A hit brings these rows into its candidate region, so that a block extent is never
-        missed because the neighbourhood around the hit was narrower than the block. Computed once and kept."""
-        if (kind, max_tokens) not in self._bounds:
-            ids = self.paragraph if kind == "paragraph" else self.section
-            keys = self.doc_of_row * (int(ids.max()) + 1 if ids.numel() else 1) + ids
-            n = keys.shape[0]
-            opens = torch.ones(n, dtype=torch.bool, device=self.device)
-            opens[1:] = keys[1:] != keys[:-1]
-            label = opens.long().cumsum(0) - 1  # (N,) block index
-            n_blocks = int(label[-1]) + 1 if n else 0
-            first = opens.nonzero().squeeze(1)  # (B,) each block's first row
-            size = torch.bincount(label, minlength=n_blocks)
-            tokens = torch.zeros(n_blocks, dtype=torch.long, device=self.device).index_add_(0, label, self.n_tokens)
-            whole = ((size <= BLOCK_ROWS_MAX) & (tokens <= max_tokens))[label]
+    def block_keys(self, kind: str) -> torch.Tensor:
+        """kind paragraph | section -> (N_total,) int64 keys, equal for the rows of one block of one document."""
+        ids = self.paragraph if kind == "paragraph" else self.section
+        return self.doc_of_row * (int(ids.max()) + 1 if ids.numel() else 1) + ids
+
+    def block_bounds(self, kinds: tuple[str, ...], max_tokens: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """block kinds (paragraph / section), a chunk's token cap -> first, last (N_total,) int32: the rows of each
+        row's block when it can be a whole-block extent (at most BLOCK_ROWS_MAX rows and `max_tokens` tokens), else
+        the row itself; with several kinds, the widest of them. A hit brings these rows into its candidate region,
+        so that a block extent is never missed because the neighbourhood around the hit was narrower than the
+        block. None for no kinds. Computed once per (kinds, cap) and kept."""
+        if not kinds:
+            return None
+        if (kinds, max_tokens) not in self._bounds:
+            n = self.n_total
             own = torch.arange(n, dtype=torch.long, device=self.device)
+            lo, hi = own.clone(), own.clone()
+            for kind in kinds:
+                keys = self.block_keys(kind)
+                opens = torch.ones(n, dtype=torch.bool, device=self.device)
+                opens[1:] = keys[1:] != keys[:-1]
+                label = opens.long().cumsum(0) - 1  # (N,) block index
+                n_blocks = int(label[-1]) + 1 if n else 0
+                first = opens.nonzero().squeeze(1)  # (B,) each block's first row
+                size = torch.bincount(label, minlength=n_blocks)
+                tokens = torch.zeros(n_blocks, dtype=torch.long, device=self.device).index_add_(0, label,
+                                                                                                self.n_tokens)
+                whole = ((size <= BLOCK_ROWS_MAX) & (tokens <= max_tokens))[label]
+                lo = torch.minimum(lo, torch.where(whole, first[label], own))
+                hi = torch.maximum(hi, torch.where(whole, (first + size - 1)[label], own))
             # int32 (rows < 2^31): two more per-row arrays, kept at half the bytes (8 MB at 1M rows)
-            self._bounds[(kind, max_tokens)] = (torch.where(whole, first[label], own).int(),
-                                                torch.where(whole, (first + size - 1)[label], own).int())
-        return self._bounds[(kind, max_tokens)]
+            self._bounds[(kinds, max_tokens)] = (lo.int(), hi.int())
+        return self._bounds[(kinds, max_tokens)]
 
     def block_stats(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         """kind paragraph | section -> sizes (N_total,) int64, norms (N_total,) float32: each row's whole block
@@ -122,8 +133,7 @@ class Engine:
         Computed over row blocks cut at block boundaries, each cast to float32, so a float16 store gets float32
         sums and the temporary memory stays at about STATS_BLOCK_ROWS rows."""
         if kind not in self._blocks:
-            ids = self.paragraph if kind == "paragraph" else self.section
-            keys = self.doc_of_row * (int(ids.max()) + 1 if ids.numel() else 1) + ids
+            keys = self.block_keys(kind)
             n = keys.shape[0]
             sizes = torch.zeros(n, dtype=torch.long, device=self.device)
             norms = torch.zeros(n, dtype=torch.float32, device=self.device)
@@ -312,9 +322,7 @@ class Engine:
             hits, spread, cref = self.context_hits(query_emb, depth, params.context_weight, pool)
         else:
             hits = self.search(query_emb, depth) if pool is None else pool[:, :depth]
-        bounds = [self.block_bounds(k, params.max_tokens) for k in params.block_kinds]
-        first = reduce(torch.minimum, [b[0] for b in bounds]) if bounds else None
-        last = reduce(torch.maximum, [b[1] for b in bounds]) if bounds else None
+        first, last = self.block_bounds(params.block_kinds, params.max_tokens) or (None, None)
         cand = candidate_rows(hits, self.doc_first, self.doc_last, retrieval.neighbourhood, self.n_total,
                               first, last, BLOCK_ROWS_MAX)
         rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))

@@ -4,7 +4,7 @@ For each corpus c, the candidate with the best mean criterion (F1) over the ques
 corpus is chosen (ties: the first candidate in declared order) and scored on the questions of c. The
 held-out per-question values of all folds are pooled, so the reported mean is over every question.
 
-With `prefer` (key -> value) and `tie` > 0, candidates within `tie` of the best mean count as tied and the one
+With `prefer` (key -> value), candidates within `tie` (default CHOICE_TIE) of the best mean count as tied and the one
 with the highest preference wins among them (then the best mean, then declared order): QASC prefers the wider
 candidate region (README "Development suite": two settings 0.0001 apart, the wider one better on multi-region
 questions).
@@ -53,7 +53,7 @@ def choose(means: np.ndarray, prefer: np.ndarray | None = None, tie: float = 0.0
 
 def leave_one_corpus_out(
     candidates: Mapping[str, PerQuestion], corpus_of: Sequence[str], criterion: str = "f1",
-    prefer: Mapping[str, float] | None = None, tie: float = 0.0,
+    prefer: Mapping[str, float] | None = None, tie: float = CHOICE_TIE,
 ) -> CVResult:
     """candidates: key -> {metric: (Q,) values}; corpus_of (Q,) corpus ids -> CVResult.
 
@@ -85,7 +85,7 @@ def leave_one_corpus_out(
 
 
 def best_in_sample(candidates: Mapping[str, PerQuestion], criterion: str = "f1",
-                   prefer: Mapping[str, float] | None = None, tie: float = 0.0) -> str:
+                   prefer: Mapping[str, float] | None = None, tie: float = CHOICE_TIE) -> str:
     """The candidate with the best mean criterion over all questions (not held out: the shipped default and
     calibration), near-ties broken by `prefer` as in `leave_one_corpus_out`."""
     keys = list(candidates)

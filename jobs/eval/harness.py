@@ -24,7 +24,7 @@ from jobs.eval import baselines as B
 from jobs.eval import context as C
 from jobs.eval import peers as P
 from jobs.eval import qasc as Q
-from jobs.eval.crossval import CHOICE_TIE, CVResult, best_in_sample, leave_one_corpus_out
+from jobs.eval.crossval import CVResult, best_in_sample, leave_one_corpus_out
 from jobs.eval.data import Dataset, Question, load_dataset
 from jobs.eval.metrics import bootstrap_ci, score_spans
 from jobs.eval.retrieval import (
@@ -349,8 +349,7 @@ BUDGET_CRITERION = "recall"  # QASC's setting per budget: every method spends up
 
 def cv(cands: dict[str, dict[str, np.ndarray]], dataset: Dataset, criterion: str = "f1",
        prefer: dict[str, float] | None = None) -> CVResult:
-    return leave_one_corpus_out(cands, [q.corpus_id for q in dataset.questions], criterion, prefer,
-                                CHOICE_TIE if prefer is not None else 0.0)
+    return leave_one_corpus_out(cands, [q.corpus_id for q in dataset.questions], criterion, prefer)
 
 
 def views(runs: dict[str, MethodRun], dataset: Dataset, cfg: EvalConfig) -> dict:
@@ -376,8 +375,7 @@ def views(runs: dict[str, MethodRun], dataset: Dataset, cfg: EvalConfig) -> dict
         out["topk"][name] = {str(k): _view(run, f"k={k}", dataset, cfg) for k in cfg.ks}
         out["budget"][name] = {str(b): _view(run, f"budget={b}", dataset, cfg, BUDGET_CRITERION)
                                for b in cfg.budgets}
-        prefer = run.preference()
-        best = best_in_sample(cands, "f1", prefer, CHOICE_TIE if prefer is not None else 0.0)
+        best = best_in_sample(cands, "f1", run.preference())
         out["in_sample"][name] = {"candidate": best, **summarize(run.candidates[best], None, cfg.n_boot, cfg.seed)}
     return out, cvs
 

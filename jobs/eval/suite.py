@@ -22,7 +22,7 @@ import numpy as np
 from engine.errors import QascError
 from jobs.eval import qasc as Q
 from jobs.eval.context import SUFFIX as CONTEXT_SUFFIX
-from jobs.eval.crossval import CHOICE_TIE, CVResult, best_in_sample, leave_one_corpus_out
+from jobs.eval.crossval import CVResult, best_in_sample, leave_one_corpus_out
 from jobs.eval.harness import (
     BUDGET_CRITERION,
     METRIC_KEYS,
@@ -67,9 +67,8 @@ def leave_one_dataset_out(sets: Sequence[SetRun], method: str, kinds: Sequence[s
     if not keys:
         raise QascError(f"{method}: no candidate shared by every data set")
     set_of = np.concatenate([[s.dataset.name] * len(s.dataset.questions) for s in sets])
-    prefer = sets[0].runs[method].preference()
-    return leave_one_corpus_out(_pooled_candidates(sets, method, keys), set_of.tolist(), criterion, prefer,
-                                CHOICE_TIE if prefer is not None else 0.0)
+    return leave_one_corpus_out(_pooled_candidates(sets, method, keys), set_of.tolist(), criterion,
+                                sets[0].runs[method].preference())
 
 
 def _masks(sets: Sequence[SetRun]) -> dict[str, np.ndarray]:
@@ -215,8 +214,7 @@ def run_suite(cfg: EvalConfig, data_dirs: Sequence[str], engine_factory: Callabl
     default = None
     if "qasc" in cvs:  # the setting every fold would get with all sets to learn from: the shipped default
         keys = _common_keys(sets, "qasc", ("k", "margin"))
-        key = best_in_sample(_pooled_candidates(sets, "qasc", keys), "f1", sets[0].runs["qasc"].preference(),
-                             CHOICE_TIE)
+        key = best_in_sample(_pooled_candidates(sets, "qasc", keys), "f1", sets[0].runs["qasc"].preference())
         base, sel = key.split("|", 1)
         default = {"candidate": key, "selector": sel, **sets[0].runs["qasc"].settings[base].describe()}
 
