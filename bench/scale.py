@@ -479,6 +479,7 @@ def query_child(spec: dict) -> dict:
     src_vec = engine.embeddings[sources].float()
     out.update(depth=depth, spread=scale, query_source_cos=float(
         (queries * src_vec / src_vec.norm(dim=1, keepdim=True)).sum(1).mean()))
+    del src_vec  # (Q, dim) float32: not part of the engine's memory
     t0 = time.perf_counter()
     hits = engine.search(queries, depth).cpu().numpy()
     out["search_s"] = time.perf_counter() - t0

@@ -77,16 +77,19 @@ class Engine:
         self.n_total = int(offsets[-1])
         lengths = np.diff(offsets)
         doc_of_row = np.repeat(np.arange(len(docs), dtype=np.int64), lengths)
-        cat = (lambda name: np.concatenate([getattr(d, name) for d in docs]).astype(np.int64)) if docs else (
-            lambda name: np.zeros(0, dtype=np.int64))
-        as_t = lambda a: torch.as_tensor(a, dtype=torch.long, device=device)  # noqa: E731
+        if self.n_total >= 2**31:
+            raise QascError(f"a store of {self.n_total} sentences: the engine's per-row arrays hold int32 rows")
+        cat = (lambda name: np.concatenate([getattr(d, name) for d in docs])) if docs else (
+            lambda name: np.zeros(0, dtype=np.int32))
+        # per-row arrays in int32 (half the bytes: 4 MB each at 1M rows); gathered per slice, then widened to int64
+        as_t = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int32), device=device)  # noqa: E731
         self.doc_of_row = as_t(doc_of_row)
-        self.sent_of_row = as_t(np.arange(self.n_total, dtype=np.int64) - offsets[doc_of_row])
         self.doc_first = as_t(offsets[doc_of_row])
         self.doc_last = as_t(offsets[doc_of_row + 1] - 1)
         self.paragraph = as_t(cat("paragraph"))
         self.section = as_t(cat("section"))
         self.n_tokens = as_t(cat("n_tokens"))
+        del doc_of_row
         self.embeddings = store_vectors(store, device)  # (N_total, dim) float32 | float16: the store's own copy
         self._dots: torch.Tensor | None = None  # (N_total, W) neighbour dots, computed on first pooled query
         self._blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # kind -> (sizes, norms) (N_total,)
@@ -95,7 +98,7 @@ class Engine:
     def block_keys(self, kind: str) -> torch.Tensor:
         """kind paragraph | section -> (N_total,) int64 keys, equal for the rows of one block of one document."""
         ids = self.paragraph if kind == "paragraph" else self.section
-        return self.doc_of_row * (int(ids.max()) + 1 if ids.numel() else 1) + ids
+        return self.doc_of_row.long() * (int(ids.max()) + 1 if ids.numel() else 1) + ids
 
     def block_bounds(self, kinds: tuple[str, ...], max_tokens: int) -> tuple[torch.Tensor, torch.Tensor] | None:
         """block kinds (paragraph / section), a chunk's token cap -> first, last (N_total,) int32: the rows of each
@@ -118,7 +121,7 @@ class Engine:
                 first = opens.nonzero().squeeze(1)  # (B,) each block's first row
                 size = torch.bincount(label, minlength=n_blocks)
                 tokens = torch.zeros(n_blocks, dtype=torch.long, device=self.device).index_add_(0, label,
-                                                                                                self.n_tokens)
+                                                                                                self.n_tokens.long())
                 whole = ((size <= BLOCK_ROWS_MAX) & (tokens <= max_tokens))[label]
                 lo = torch.minimum(lo, torch.where(whole, first[label], own))
                 hi = torch.maximum(hi, torch.where(whole, (first + size - 1)[label], own))
@@ -127,7 +130,7 @@ class Engine:
         return self._bounds[(kinds, max_tokens)]
 
     def block_stats(self, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """kind paragraph | section -> sizes (N_total,) int64, norms (N_total,) float32: each row's whole block
+        """kind paragraph | section -> sizes (N_total,) int32, norms (N_total,) float32: each row's whole block
         in its document (rows, norm of the summed vectors); query independent, computed once and kept.
 
         Computed over row blocks cut at block boundaries, each cast to float32, so a float16 store gets float32
@@ -135,7 +138,7 @@ class Engine:
         if kind not in self._blocks:
             keys = self.block_keys(kind)
             n = keys.shape[0]
-            sizes = torch.zeros(n, dtype=torch.long, device=self.device)
+            sizes = torch.zeros(n, dtype=torch.int32, device=self.device)
             norms = torch.zeros(n, dtype=torch.float32, device=self.device)
             starts = torch.ones(n, dtype=torch.bool, device=self.device)  # rows that open a block
             starts[1:] = keys[1:] != keys[:-1]
@@ -333,10 +336,11 @@ class Engine:
             c = self.heading_sims(query_emb.to(device=self.device, dtype=torch.float32), path)
             sims = sims + context_boost(c, path, cand.valid, spread, cref, params.context_weight)
         dots = self.neighbour_dots(params.max_extent)[rows] if params.extent == "pooled" else None  # (Q, L, W)
-        blocks = {k: tuple(t[rows] for t in self.block_stats(k)) for k in params.block_kinds}
+        blocks = {k: (sizes[rows].long(), norms[rows]) for k in params.block_kinds
+                  for sizes, norms in [self.block_stats(k)]}
         batch = run_qasc(
-            sims, cand.valid, cand.region, self.paragraph[rows], self.section[rows], self.n_tokens[rows], params,
-            dots=dots, blocks=blocks,
+            sims, cand.valid, cand.region, self.paragraph[rows].long(), self.section[rows].long(),
+            self.n_tokens[rows].long(), params, dots=dots, blocks=blocks,
         )
         return batch, cand
 

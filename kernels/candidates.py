@@ -21,7 +21,7 @@ def candidate_rows(
     hits: torch.Tensor, doc_first: torch.Tensor, doc_last: torch.Tensor, neighbourhood: int, n_total: int,
     block_first: torch.Tensor | None = None, block_last: torch.Tensor | None = None, block_rows: int = 0,
 ) -> CandidateRows:
-    """hits (Q, K) int64 global rows (-1 = none); doc_first/doc_last (N_total,) int64: first/last row of
+    """hits (Q, K) int64 global rows (-1 = none); doc_first/doc_last (N_total,) int32 or int64: first/last row of
     each row's document (N_total >= 1); optional block_first/block_last (N_total,) int32 or int64: the rows of a block
     (a section) each row brings whole, within its document and at most `block_rows` rows long (a row that
     brings no block: itself) -> the sorted, de-duplicated candidate rows of each query and their region ids.
@@ -38,7 +38,7 @@ def candidate_rows(
     lo, hi = safe - neighbourhood, safe + neighbourhood  # (Q, K) inclusive
     if block_first is not None and block_last is not None:
         lo, hi = torch.minimum(lo, block_first[safe].long()), torch.maximum(hi, block_last[safe].long())
-    lo, hi = torch.maximum(lo, doc_first[safe]), torch.minimum(hi, doc_last[safe])
+    lo, hi = torch.maximum(lo, doc_first[safe].long()), torch.minimum(hi, doc_last[safe].long())
     ok = (hits[:, :, None] >= 0) & (cand >= lo[:, :, None]) & (cand <= hi[:, :, None])
     flat = torch.where(ok, cand, torch.full_like(cand, n_total)).reshape(q, cand.shape[1] * cand.shape[2])
     flat = flat.sort(dim=1).values

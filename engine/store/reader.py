@@ -85,7 +85,7 @@ def load_shard(root: Path, shard: dict, manifest: dict, out: np.ndarray | None =
             raise QascError(f"{root / shard['documents']}: corrupt metadata JSON") from None
     return (docs, metadata, dt.column("source").to_pylist(), embeddings_of(st, dim, str(where), None, out),
             _load_headings(root, shard, st, dim, dtype) if has_headings else
-            Headings([], np.full(st.num_rows, -1, np.int64), np.zeros((0, dim), np.float32)))
+            Headings([], np.full(st.num_rows, -1, np.int32), np.zeros((0, dim), np.float32)))
 
 
 def _load_headings(root: Path, shard: dict, st: pa.Table, dim: int, dtype: str) -> Headings:
@@ -93,7 +93,7 @@ def _load_headings(root: Path, shard: dict, st: pa.Table, dim: int, dtype: str) 
     where = root / shard["headings"]
     if ht.schema.names != headings_schema(dim, dtype).names:
         raise QascError(f"{where}: unexpected columns {ht.schema.names}")
-    rows = st.column("heading").to_numpy().astype(np.int64)
+    rows = st.column("heading").to_numpy().astype(np.int32)
     if len(rows) and (rows.min() < -1 or rows.max() >= ht.num_rows):
         raise QascError(f"{root / shard['sentences']}: heading ids outside [-1, {ht.num_rows}) of {where}")
     return Headings(ht.column("path").to_pylist(), rows, embeddings_of(ht, dim, str(where)))
@@ -101,12 +101,12 @@ def _load_headings(root: Path, shard: dict, st: pa.Table, dim: int, dtype: str) 
 
 def merge_headings(heads: list[Headings], dim: int) -> Headings:
     """Per-shard headings -> the store's: one id per distinct path text (the same text embeds the same),
-    rows (N,) int64 global ids."""
+    rows (N,) int32 global ids."""
     ids: dict[str, int] = {}
     vecs: list[np.ndarray] = []
     rows = []
     for h in heads:
-        remap = np.empty(len(h.paths) + 1, np.int64)
+        remap = np.empty(len(h.paths) + 1, np.int32)
         remap[-1] = -1
         for i, p in enumerate(h.paths):
             if p not in ids:
@@ -115,7 +115,7 @@ def merge_headings(heads: list[Headings], dim: int) -> Headings:
             remap[i] = ids[p]
         rows.append(remap[h.rows])
     emb = np.stack(vecs).astype(np.float32) if vecs else np.zeros((0, dim), np.float32)
-    return Headings(list(ids), np.concatenate(rows) if rows else np.zeros(0, np.int64), emb)
+    return Headings(list(ids), np.concatenate(rows) if rows else np.zeros(0, np.int32), emb)
 
 
 def check_sizes(root: Path, manifest: dict) -> None:
@@ -135,7 +135,7 @@ class Store:
     vectors: the one copy of the embeddings, a tensor (N, dim) float32 | float16 on the store's device;
     embeddings: the same memory as a numpy array while on CPU (the device tensor after `to_device`);
     index: the FAISS index, or None (flat stores by default: exact search over `vectors`);
-    heading_paths (H) distinct texts over the whole store, heading_emb (H, dim) float32, row_heading (N,) int64
+    heading_paths (H) distinct texts over the whole store, heading_emb (H, dim) float32, row_heading (N,) int32
     each row's path (-1: none; every row of a format-1 store)."""
 
     def __init__(self, path: Path, manifest: dict, docs: list[Sentences], metadata: list[dict],
@@ -156,7 +156,7 @@ class Store:
         self._sq8: faiss_index.Sq8Lists | None = None
         self._sq8_of = None  # the index _sq8 was built from
         if headings is None:
-            headings = Headings([], np.full(len(embeddings), -1, np.int64),
+            headings = Headings([], np.full(len(embeddings), -1, np.int32),
                                      np.zeros((0, embeddings.shape[1]), np.float32))
         self.heading_paths, self.row_heading, self.heading_emb = headings
 
