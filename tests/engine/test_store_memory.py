@@ -196,9 +196,9 @@ def test_float16_engine_answers_like_float32(monkeypatch):
     torch.testing.assert_close(e16.neighbour_dots(5), e32.neighbour_dots(5), atol=2e-3, rtol=0)
     for kind in ("paragraph", "section"):
         ids = e16.paragraph if kind == "paragraph" else e16.section
-        want = block_stats(full, e16.doc_of_row * (int(ids.max()) + 1) + ids)
+        want = block_stats(full, e16.doc_of_row.long() * (int(ids.max()) + 1) + ids)
         got = e16.block_stats(kind)
-        assert torch.equal(got[0], want[0]) and got[1].dtype == torch.float32
+        assert got[0].dtype == torch.int32 and torch.equal(got[0].long(), want[0]) and got[1].dtype == torch.float32
         torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(got[1], e32.block_stats(kind)[1], atol=1e-2, rtol=1e-3)
     # queries: noisy copies of stored rows, so the top hits are clear
@@ -209,6 +209,33 @@ def test_float16_engine_answers_like_float32(monkeypatch):
         assert spans(r16) == spans(r32) and any(r32)
         for a, b in zip(r32, r16, strict=True):
             np.testing.assert_allclose([c.score for c in b], [c.score for c in a], atol=5e-3)
+
+
+def test_engine_per_row_arrays_are_int32_and_results_keep_their_types():
+    """The per-row arrays (4 bytes per row each: 4 MB per array at 1M rows) hold the documents' own values; the
+    result columns keep their declared dtypes (doc and character spans int64)."""
+    from engine.query import Engine
+
+    store = memory_store("float16", n=1200)
+    engine = Engine(store, None, EngineConfig(), torch.device("cpu"))
+    lengths = [len(d) for d in store.docs]
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    doc = np.repeat(np.arange(len(lengths)), lengths)
+    want = {"doc_of_row": doc, "doc_first": offsets[doc], "doc_last": offsets[doc + 1] - 1,
+            "paragraph": np.concatenate([d.paragraph for d in store.docs]),
+            "section": np.concatenate([d.section for d in store.docs]),
+            "n_tokens": np.concatenate([d.n_tokens for d in store.docs])}
+    for name, values in want.items():
+        got = getattr(engine, name)
+        assert got.dtype == torch.int32, name
+        np.testing.assert_array_equal(got.numpy(), values, err_msg=name)
+    table = engine.row_table
+    assert {a.dtype for a in (table.doc, table.sent, table.char_start, table.char_end)} == {np.dtype(np.int32)}
+    np.testing.assert_array_equal(table.char_start, np.concatenate([d.char_start for d in store.docs]))
+    _, cols = next(engine.query_columns(engine.embeddings[::50][:8].float()))
+    assert len(cols.doc) and cols.doc.dtype == np.int64 and cols.char_start.dtype == np.int64
+    assert all(store.docs[d].text[a:b] == t for d, a, b, t in zip(cols.doc, cols.char_start, cols.char_end,
+                                                                   cols.text, strict=True))
 
 
 def test_engine_holds_the_store_vectors_without_a_copy():
