@@ -78,6 +78,27 @@ class ChunkColumns:
         return cls(n_queries, i64, i32, i64, i64, i64, np.zeros(0, dtype=np.float32), i32, i32, i32,
                    np.zeros(1, dtype=np.int32), i32, [])
 
+    @classmethod
+    def concat(cls, parts: Sequence[ChunkColumns]) -> ChunkColumns:
+        """Columns of consecutive blocks of queries -> one ChunkColumns over all their queries, in order (query
+        indices and seed offsets shifted by the blocks before)."""
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return cls.empty(0)
+        q_base = np.cumsum([0] + [p.n_queries for p in parts[:-1]])
+        s_base = np.cumsum([0] + [len(p.seed_ids) for p in parts[:-1]])
+        cat = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
+        return cls(
+            int(sum(p.n_queries for p in parts)),
+            np.concatenate([p.query + b for p, b in zip(parts, q_base, strict=True)]).astype(np.int64),
+            cat("rank"), cat("doc"), cat("char_start"), cat("char_end"), cat("score"), cat("n_tokens"),
+            cat("sentence_start"), cat("sentence_end"),
+            np.concatenate([np.zeros(1, np.int64)] + [p.seed_offsets[1:] + b for p, b in zip(parts, s_base,
+                                                                                            strict=True)]).astype(np.int32),
+            cat("seed_ids"), [t for p in parts for t in p.text],
+        )
+
     def __len__(self) -> int:
         return len(self.query)
 

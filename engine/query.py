@@ -41,7 +41,11 @@ MAX_QUERY_CHARS = 10_000
 SIMS_BLOCK_ELEMENTS = 1 << 22  # gathered candidate vectors per block (16 MiB of float32; 64 MiB: no faster)
 STATS_BLOCK_ROWS = 16384  # store rows per block of the query-independent stats (cast to float32 per block)
 BLOCK_ROWS_MAX = 32  # whole blocks brought into the candidate region: at most this many rows (and the token cap)
-DEFAULT_SLICE_SIZE = 2048  # queries per kernel slice
+DEFAULT_SLICE_SIZE = 2048  # queries per slice: embedded, answered and yielded (written) together
+# on CPU, a slice's kernels and assembly run this many queries at a time, so their working memory (~75 KB per
+# query on bench.scale's 1M store) stays bounded whatever the slice: 1024 took the kernel time of 2048 there,
+# 512 1.5x, 256 2.2x (bench/RESULTS.md). CUDA devices take the whole slice (fewer launches).
+KERNEL_SLICE_QUERIES_CPU = 1024
 SEARCH_BLOCK_QUERIES = 8192  # queries per search: whole slices (the ivf scan does 1.5x the queries/s at 10k as at 2k)
 CONTEXT_POOL = 32  # heading context: the gate's pool, the top rows by raw cosine
 CONTEXT_PATHS = 8  # pre-retrieval: the rows of this many best-matching heading paths join the rerank
@@ -368,17 +372,24 @@ class Engine:
         query_emb = torch.as_tensor(query_emb).to(device=self.device, dtype=torch.float32)
         table = self.row_table
         block = slice_size * max(1, SEARCH_BLOCK_QUERIES // slice_size)  # searched at once: whole slices
+        step = slice_size if self.device.type == "cuda" else min(slice_size, KERNEL_SLICE_QUERIES_CPU)
         pool = None
-        for lo in range(0, query_emb.shape[0], slice_size):
-            part = query_emb[lo : lo + slice_size]
+        n = query_emb.shape[0]
+        for lo in range(0, n, slice_size):
+            hi = min(lo + slice_size, n)
             if self.n_total == 0:
-                yield lo, ChunkColumns.empty(part.shape[0])
+                yield lo, ChunkColumns.empty(hi - lo)
                 continue
             if lo % block == 0:  # one search for the next slices: the ivf scan is faster on many queries at once
                 pool = self.search(query_emb[lo : lo + block], self.pool_width(params, retrieval))
-            at = lo % block
-            batch, cand = self.run_batch(part, params, retrieval, pool[at : at + part.shape[0]])
-            yield lo, assemble_columns(batch, torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows)), table)
+            parts = []
+            for a in range(lo, hi, step):  # kernels and assembly a bounded block of queries at a time
+                b = min(a + step, hi)
+                batch, cand = self.run_batch(query_emb[a:b], params, retrieval, pool[a % block : a % block + b - a])
+                rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
+                parts.append(assemble_columns(batch, rows, table))
+                del batch, cand, rows  # freed before the next block's kernels run
+            yield lo, ChunkColumns.concat(parts)
 
     def query_embedded(
         self,

@@ -168,3 +168,44 @@ def test_search_blocks_do_not_change_results(synthetic_engine, monkeypatch):
     for block in (1, 5, 12, 1000):
         monkeypatch.setattr(query_mod, "SEARCH_BLOCK_QUERIES", block)
         assert eng.query_embedded(q, slice_size=4) == want, block
+
+
+def test_kernel_blocks_inside_a_slice_do_not_change_results(synthetic_engine, monkeypatch):
+    """On CPU a slice's kernels and assembly run KERNEL_SLICE_QUERIES_CPU queries at a time, and the blocks'
+    columns are joined (ChunkColumns.concat): any block size gives the same rows, one RecordBatch per slice
+    (scores within float32 rounding: a block's padded width changes the order of the sums)."""
+    import engine.query as query_mod
+    from jobs.results import to_table
+
+    eng, q = synthetic_engine, _queries(synthetic_engine, 23, seed=4)
+    ids = [f"q{i}" for i in range(23)]
+    monkeypatch.setattr(query_mod, "KERNEL_SLICE_QUERIES_CPU", 1000)
+    want = to_table(eng.query_embedded(q, slice_size=23), ids).to_pylist()
+    assert len(want) > 23
+    for step in (1, 4, 7):
+        monkeypatch.setattr(query_mod, "KERNEL_SLICE_QUERIES_CPU", step)
+        batches = list(eng.query_batches(q, ids, slice_size=10))
+        assert len(batches) == 3  # slices of 10, 10, 3 queries, whatever the kernel blocks
+        got = pa.Table.from_batches(batches).to_pylist()
+        assert [{**r, "score": 0} for r in got] == [{**r, "score": 0} for r in want], step
+        np.testing.assert_allclose([r["score"] for r in got], [r["score"] for r in want], atol=1e-6, rtol=0)
+
+
+def test_chunk_columns_concat_shifts_queries_and_seeds():
+    from engine.assemble import ChunkColumns
+
+    def cols(n_queries, query, seeds_per_chunk, first_seed):
+        m = len(query)
+        offsets = np.concatenate([[0], np.cumsum(seeds_per_chunk)]).astype(np.int32)
+        i64, i32 = np.arange(m, dtype=np.int64), np.arange(m, dtype=np.int32)
+        return ChunkColumns(n_queries, np.asarray(query, np.int64), i32, i64, i64, i64 + 1, i64.astype(np.float32),
+                            i32, i32, i32, offsets, np.arange(first_seed, first_seed + offsets[-1], dtype=np.int32),
+                            [f"t{first_seed}-{j}" for j in range(m)])
+
+    a, b, empty = cols(2, [0, 0, 1], [1, 2, 1], 0), cols(3, [1, 2], [2, 1], 100), cols(1, [], [], 0)
+    got = ChunkColumns.concat([a, empty, b])
+    assert got.n_queries == 6 and got.query.tolist() == [0, 0, 1, 4, 5]
+    assert got.seed_offsets.tolist() == [0, 1, 3, 4, 6, 7] and got.seed_offsets.dtype == np.int32
+    assert got.seed_ids.tolist() == [0, 1, 2, 3, 100, 101, 102]
+    assert got.text == a.text + b.text and ChunkColumns.concat([a]) is a
+    assert ChunkColumns.concat([]).n_queries == 0
