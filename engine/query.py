@@ -340,8 +340,10 @@ class Engine:
             c = self.heading_sims(query_emb.to(device=self.device, dtype=torch.float32), path)
             sims = sims + context_boost(c, path, cand.valid, spread, cref, params.context_weight)
         dots = self.neighbour_dots(params.max_extent)[rows] if params.extent == "pooled" else None  # (Q, L, W)
-        blocks = {k: (sizes[rows].long(), norms[rows]) for k in params.block_kinds
-                  for sizes, norms in [self.block_stats(k)]}
+        blocks = {}
+        for kind in params.block_kinds:
+            sizes, norms = self.block_stats(kind)
+            blocks[kind] = (sizes[rows].long(), norms[rows])
         batch = run_qasc(
             sims, cand.valid, cand.region, self.paragraph[rows].long(), self.section[rows].long(),
             self.n_tokens[rows].long(), params, dots=dots, blocks=blocks,
