@@ -9,7 +9,9 @@ Heading context (QascParams.context_weight > 0, stores with heading paths): c(ro
 the row's heading path; the gate (kernels.context.heading_gate) over the distinct paths of the top
 CONTEXT_POOL rows by cosine gives spread and cref; boost(row) = w * spread * (c(row) - cref). The `depth` hits
 are the best rows by cosine + boost among that pool and the rows of the CONTEXT_PATHS best-matching paths, and
-the boost is added to the candidates' similarities before QASC.
+the boost is added to the candidates' similarities before QASC. With QascParams.heading_residual = beta > 0,
+both rankings also take beta * c(row) * (h . s)(row) off each row's cosine (kernels.context.heading_residual:
+the part of the similarity the row's heading explains; h . s is kept per store row, `heading_row_dots`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from engine.embedder import Embedder
 from engine.errors import QascError
 from engine.types import Chunk, Sentences
 from kernels.candidates import CandidateRows, candidate_rows
-from kernels.context import context_boost, heading_gate
+from kernels.context import context_boost, heading_gate, heading_residual
 from kernels.extents import block_stats, neighbour_dots
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
@@ -97,6 +99,7 @@ class Engine:
         self.embeddings = store_vectors(store, device)  # (N_total, dim) float32 | float16: the store's own copy
         self._dots: torch.Tensor | None = None  # (N_total, W) neighbour dots, computed on first pooled query
         self._blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # kind -> (sizes, norms) (N_total,)
+        self._heading_dots: torch.Tensor | None = None  # (N_total,) rows . their heading path (heading residual)
         self._bounds: dict[tuple[tuple[str, ...], int], tuple[torch.Tensor, torch.Tensor]] = {}  # -> first, last
 
     def block_keys(self, kind: str) -> torch.Tensor:
@@ -171,6 +174,22 @@ class Engine:
                 dots[lo:hi] = neighbour_dots(part, width, block_rows=STATS_BLOCK_ROWS)[: hi - lo]
             self._dots = dots
         return self._dots
+
+    def heading_row_dots(self) -> torch.Tensor:
+        """(N_total,) float32: each row's dot product with its own heading path's embedding (0 for rows without
+        a heading); query independent, computed once and kept (blocks of STATS_BLOCK_ROWS rows cast to float32).
+        Needs heading paths (`heading_tensors`)."""
+        if self._heading_dots is None:
+            heading_emb, row_heading = self.heading_tensors()[:2]
+            n = self.embeddings.shape[0]
+            dots = torch.zeros(n, dtype=torch.float32, device=self.device)
+            for lo in range(0, n, STATS_BLOCK_ROWS):
+                hi = min(lo + STATS_BLOCK_ROWS, n)
+                path = row_heading[lo:hi]
+                part = (self.embeddings[lo:hi].float() * heading_emb[path.clamp(min=0)]).sum(dim=1)
+                dots[lo:hi] = torch.where(path >= 0, part, torch.zeros_like(part))
+            self._heading_dots = dots
+        return self._heading_dots
 
     def candidate_sims(self, query_emb: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """query_emb (Q, dim), rows/valid (Q, L) -> sims (Q, L) float32 (0 where invalid).
@@ -271,13 +290,15 @@ class Engine:
         return params.context_weight > 0 and self.n_total > 0 and self.heading_tensors() is not None
 
     def context_hits(
-        self, query_emb: torch.Tensor, depth: int, weight: float, pool: torch.Tensor | None = None
+        self, query_emb: torch.Tensor, depth: int, weight: float, pool: torch.Tensor | None = None,
+        residual: float = 0.0,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """query_emb (Q, dim), depth, weight w > 0 -> hits (Q, depth) int64 (-1 where missing), spread (Q,),
         cref (Q,) float32: one search of max(depth, CONTEXT_POOL) rows; the gate over its first CONTEXT_POOL;
         the hits are the best `depth` rows by cosine + boost among those rows and the first CONTEXT_PATH_ROWS
         rows of each of the CONTEXT_PATHS paths most similar to the query (ties: lower row first). pool: that
-        search's result when already done (`pool_width` rows per query)."""
+        search's result when already done (`pool_width` rows per query). residual: beta of the heading residual
+        taken off the rows' cosines (0: none)."""
         _, row_heading, path_start, path_count, path_rows = self.heading_tensors()
         query = query_emb.to(device=self.device, dtype=torch.float32)
         q, n = query.shape[0], self.n_total
@@ -307,8 +328,10 @@ class Engine:
         valid[:, 1:] &= key[:, 1:] != key[:, :-1]  # a pool row under a best path counts once
         rows = key.clamp(max=n - 1)
         path = path_of(rows, valid)
-        score = self.candidate_sims(query, rows, valid) + context_boost(
-            self.heading_sims(query, path), path, valid, spread, cref, weight)
+        c = self.heading_sims(query, path)
+        score = self.candidate_sims(query, rows, valid) + context_boost(c, path, valid, spread, cref, weight)
+        if residual > 0:
+            score = score + heading_residual(c, self.heading_row_dots()[rows], path, valid, residual)
         score = torch.where(valid, score, torch.full_like(score, float("-inf")))
         order = score.sort(dim=1, descending=True, stable=True).indices[:, :depth]
         hits = torch.where(valid.gather(1, order), rows.gather(1, order), torch.full_like(order, -1))
@@ -326,7 +349,8 @@ class Engine:
         depth = min(retrieval.depth, max(self.n_total, 1))
         context = self.uses_context(params)
         if context:
-            hits, spread, cref = self.context_hits(query_emb, depth, params.context_weight, pool)
+            hits, spread, cref = self.context_hits(query_emb, depth, params.context_weight, pool,
+                                                   params.heading_residual)
         else:
             hits = self.search(query_emb, depth) if pool is None else pool[:, :depth]
         first, last = self.block_bounds(params.block_kinds, params.max_tokens) or (None, None)
@@ -339,6 +363,9 @@ class Engine:
             path = torch.where(cand.valid, row_heading[rows], torch.full_like(rows, -1))
             c = self.heading_sims(query_emb.to(device=self.device, dtype=torch.float32), path)
             sims = sims + context_boost(c, path, cand.valid, spread, cref, params.context_weight)
+            if params.heading_residual > 0:
+                sims = sims + heading_residual(c, self.heading_row_dots()[rows], path, cand.valid,
+                                               params.heading_residual)
         dots = self.neighbour_dots(params.max_extent)[rows] if params.extent == "pooled" else None  # (Q, L, W)
         blocks = {}
         for kind in params.block_kinds:

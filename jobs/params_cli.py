@@ -43,6 +43,8 @@ QASC_HELP = {
     "context_weight": "query-gated heading context: w in boost = w * spread * (c - cref), c = cosine of the query "
                       "and a row's heading path; reranks the pre-retrieval hits and adds to the similarities (0: "
                       "off; stores without heading paths: no effect)",
+    "heading_residual": "with the heading context: beta in sim = q.s - beta (q.h)(h.s), the part of a row's similarity "
+                        "that its heading path h already explains taken out (0..2; 0: off)",
 }
 UNSET = argparse.SUPPRESS  # flag not given: keep the store's value (None from a flag means 'none')
 RETRIEVAL_HELP = {

@@ -7,6 +7,13 @@ headings name what the question is about, and rows under the best paths are lift
 proportion to that spread; when all paths match alike (uninformative headings such as "Excerpt 1.2") or no row
 has a heading, the boost is (close to) zero and scoring is today's. Used by engine/query.py (Engine.run_batch)
 with QascParams.context_weight as the weight.
+
+The heading residual takes out of a row's similarity the part its heading already explains: with h the unit
+embedding of the row's heading path, s the row's vector and q the query, q . s - beta (q . h)(h . s) =
+q . (I - beta h h^T) s, i.e. the query against what the sentence says beyond its heading. The boost scores the
+heading match itself; without the residual a sentence that restates its heading (a title, "This policy
+describes ...") is counted twice and outranks the sentence that answers. h . s is query independent (one
+float per store row), q . h is the boost's c.
 """
 
 from __future__ import annotations
@@ -54,3 +61,14 @@ def context_boost(
     rows' similarities before seeding and extents)."""
     boost = weight * spread[:, None] * (c - cref[:, None])
     return torch.where(valid & (path >= 0), boost, torch.zeros_like(boost))
+
+
+def heading_residual(
+    c: torch.Tensor, hs: torch.Tensor, path: torch.Tensor, valid: torch.Tensor, beta: float
+) -> torch.Tensor:
+    """c (Q, L) float (cosine of the query and each row's heading path), hs (Q, L) float (each row's dot with its
+    own heading path's embedding, query independent), path (Q, L) int64 (-1 = no heading), valid (Q, L) bool,
+    beta >= 0 -> (Q, L) float: -beta * c * hs on valid rows with a heading, 0 elsewhere (add it to the rows'
+    similarities, next to the boost)."""
+    out = -beta * c * hs.to(c.dtype)
+    return torch.where(valid & (path >= 0), out, torch.zeros_like(out))

@@ -54,6 +54,10 @@ class QascParams:
     # added to the similarities before pre-retrieval ranking and scoring; 0 = off. 12: the development suite's
     # fit on all four sets (leave-one-dataset-out chose 12 in 3 of 4 folds, 6 in the 4th; bench/RESULTS.md)
     context_weight: float = 12.0
+    # heading residual (with the heading context on): a row's similarity minus beta * (q . h)(h . s), the part of
+    # it that its heading path h already explains (kernels.context.heading_residual); 0 = off. 0.75: chosen by
+    # leave-one-dataset-out on the development suite and its two-question composites (bench/RESULTS.md)
+    heading_residual: float = 0.75
 
     def __post_init__(self) -> None:
         problems = []
@@ -99,6 +103,8 @@ class QascParams:
             problems.append(f"length_bonus must be in [-1, 1], got {self.length_bonus}")
         if not 0.0 <= self.context_weight < float("inf"):
             problems.append(f"context_weight must be >= 0 and finite, got {self.context_weight}")
+        if not 0.0 <= self.heading_residual <= 2.0:
+            problems.append(f"heading_residual must be in [0, 2], got {self.heading_residual}")
         if self.score_margin is not None and self.score_margin < 0:
             problems.append(f"score_margin must be >= 0, got {self.score_margin}")
         if problems:

@@ -737,6 +737,15 @@ def context_boost(
     return _to_tensor(out, tuple(c.shape), c.dtype, c.device)
 
 
+def heading_residual(
+    c: torch.Tensor, hs: torch.Tensor, path: torch.Tensor, valid: torch.Tensor, beta: float
+) -> torch.Tensor:
+    out = []
+    for cs, hss, paths, oks in zip(_rows(c), _rows(hs), _rows(path), _rows(valid), strict=True):
+        out.append([-beta * x * h if ok and p >= 0 else 0.0 for x, h, p, ok in zip(cs, hss, paths, oks, strict=True)])
+    return _to_tensor(out, tuple(c.shape), c.dtype, c.device)
+
+
 def ivf_sq8_topk(query, centroids, list_codes, list_rows, vmin, vdiff, nprobe, k, by_residual=True, int8=False):
     """Twin of kernels.ivf_scan.ivf_sq8_topk: per query, the probed lists by centroid score (ties: lower list),
     each code decoded to its vector one at a time (FAISS's 8-bit decoding), the inner products in float64, then

@@ -4,7 +4,8 @@ QASC's query-gated heading boost, so the chunking comparison stays fair (the con
 A chunk's heading path is the path in force at its first character (engine.splitter.heading_paths, the same
 rule as the store's sentences); its vector is the store's (same text, same model) or, for a path the store
 lacks, embedded here. Ranking is exact and dense: cos (Q, N) over every chunk, the gate over the distinct
-paths of the top CONTEXT_POOL chunks, boost = w * spread * (c - cref), the best `depth` by cos + boost.
+paths of the top CONTEXT_POOL chunks, boost = w * spread * (c - cref), and (beta > 0) QASC's heading residual
+-beta * c * (h . chunk) (kernels.context.heading_residual); the best `depth` by cos + boost + residual.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from engine.splitter import heading_paths
 from jobs.eval.retrieval import ChunkSet, EvalCache, Hit, model_key, sha
-from kernels.context import context_boost, heading_gate
+from kernels.context import context_boost, heading_gate, heading_residual
 
 CONTEXT_POOL = 32  # the same pool as the engine's gate (engine.query.CONTEXT_POOL)
 SUFFIX = " + same context"
@@ -53,9 +54,9 @@ def path_vectors(paths: list[str], engine, embedder, cache: EvalCache | None = N
 
 
 def context_ranked(chunks: ChunkSet, query_emb: np.ndarray, path: np.ndarray, path_emb: np.ndarray, weight: float,
-                   depth: int) -> list[list[Hit]]:
-    """query_emb (Q, dim), path (N,) int64, path_emb (H, dim) -> per query its `depth` best chunks by cos + boost
-    (ties: the earlier chunk), each Hit scored with cos + boost."""
+                   depth: int, residual: float = 0.0) -> list[list[Hit]]:
+    """query_emb (Q, dim), path (N,) int64, path_emb (H, dim), residual = beta -> per query its `depth` best
+    chunks by cos + boost + heading residual (ties: the earlier chunk), each Hit scored with that sum."""
     q = torch.as_tensor(np.asarray(query_emb, dtype=np.float32))
     cos = q @ torch.as_tensor(chunks.emb).T  # (Q, N)
     n = cos.shape[1]
@@ -66,7 +67,12 @@ def context_ranked(chunks: ChunkSet, query_emb: np.ndarray, path: np.ndarray, pa
         c = torch.where(pid >= 0, (q @ torch.as_tensor(path_emb).T).gather(1, pid.clamp(min=0)), torch.zeros_like(cos))
         pool = cos.topk(min(CONTEXT_POOL, n), dim=1).indices
         spread, cref = heading_gate(c.gather(1, pool), pid.gather(1, pool), torch.ones_like(pool, dtype=torch.bool))
-        score = cos + context_boost(c, pid, torch.ones_like(pid, dtype=torch.bool), spread, cref, weight)
+        every = torch.ones_like(pid, dtype=torch.bool)
+        score = cos + context_boost(c, pid, every, spread, cref, weight)
+        if residual > 0:
+            emb, ids = torch.as_tensor(chunks.emb), torch.as_tensor(path)
+            hs = torch.where(ids >= 0, (emb * torch.as_tensor(path_emb)[ids.clamp(min=0)]).sum(dim=1), 0.0)
+            score = score + heading_residual(c, hs.expand_as(cos), pid, every, residual)
     order = score.sort(dim=1, descending=True, stable=True).indices[:, :depth]
     best = score.gather(1, order)
     starts, ends, toks = chunks.starts.tolist(), chunks.ends.tolist(), chunks.n_tokens.tolist()

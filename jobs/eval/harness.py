@@ -191,8 +191,8 @@ def make_chunkers(names: Sequence[str], embedder, sentence_source, cfg: EvalConf
 
 def baseline_run(chunks: ChunkSet, chunker: B.Chunker, query_emb: np.ndarray, questions: Sequence[Question],
                  cfg: EvalConfig, cutter: TokenCutter, context: tuple | None = None) -> MethodRun:
-    """One baseline's candidates; context = (corpora, engine, embedder, cache, weight): ranked with QASC's heading
-    context instead (jobs/eval/context.py), named `<name> + same context`."""
+    """One baseline's candidates; context = (corpora, engine, embedder, cache, weight, residual): ranked with QASC's
+    heading context instead (jobs/eval/context.py), named `<name> + same context`."""
     t0 = time.perf_counter()
     small = float(np.percentile(chunks.n_tokens, 10)) if len(chunks) else 1.0
     depth = min(len(chunks), max(max(cfg.ks), min(RANK_DEPTH_MAX, int(max(cfg.budgets) / max(small, 1.0)) + 4)))
@@ -200,11 +200,12 @@ def baseline_run(chunks: ChunkSet, chunker: B.Chunker, query_emb: np.ndarray, qu
     if not len(chunks):
         ranked = [[] for _ in questions]
     elif context is not None:
-        corpora, engine, embedder, cache, weight = context
+        corpora, engine, embedder, cache, weight, residual = context
         paths, path = C.chunk_paths(chunks, corpora)
         ranked = C.context_ranked(chunks, query_emb, path, C.path_vectors(paths, engine, embedder, cache), weight,
-                                  max(depth, 1))
-        name, note = name + C.SUFFIX, f"{note}; ranked by cos + QASC's heading context (w={weight:g})"
+                                  max(depth, 1), residual)
+        name = name + C.SUFFIX
+        note = f"{note}; ranked by cos + QASC's heading context (w={weight:g}, residual {residual:g})"
     else:
         ranked = ranked_hits(chunks, query_emb, max(depth, 1))
     run = MethodRun(name, chunker.family, note, {}, {})
@@ -458,12 +459,12 @@ def evaluate_methods(dataset: Dataset, query_emb: np.ndarray, chunksets: dict[st
     """Every baseline (and, with cfg.baseline_context and an embedder, each again with QASC's heading context)
     and QASC's grid -> their runs by name."""
     runs: dict[str, MethodRun] = {}
-    weight = QascParams().context_weight
+    weight, residual = QascParams().context_weight, QascParams().heading_residual
     for name, (chunker, chunks) in chunksets.items():
         runs[name] = baseline_run(chunks, chunker, query_emb, dataset.questions, cfg, cutter)
         if cfg.baseline_context and weight > 0 and embedder is not None:  # QASC's retrieval lever, fair table
             runs[name + C.SUFFIX] = baseline_run(chunks, chunker, query_emb, dataset.questions, cfg, cutter,
-                                                 (dataset.corpora, engine, embedder, cache, weight))
+                                                 (dataset.corpora, engine, embedder, cache, weight, residual))
     if engine is not None:
         runs["qasc"] = qasc_run(engine, query_emb, dataset.questions, grid, cfg, cutter, log)
     return runs

@@ -31,7 +31,7 @@ SHORT = {"percentile": "p", "radius": "m", "decay": "lam", "factor": "f", "gap":
          "max_seeds": "max", "clip_to_paragraph": "clip", "adaptive": "adaptive", "merge": "merge",
          "extent": "extent", "max_extent": "runs", "extent_penalty": "pen", "max_picks": "picks",
          "focus_gap": "focus", "far_margin": "far", "block_extents": "blocks", "length_bonus": "lam",
-         "context_weight": "ctx"}
+         "context_weight": "ctx", "heading_residual": "hres"}
 
 
 @dataclass(frozen=True)
@@ -192,6 +192,7 @@ ABLATIONS: list[Ablation] = [
      lambda s: s.replace(block_extents="both", length_bonus=0.02) if _pooled(s) else None),
     ("focus on the best chunk (focus_gap=4)", lambda s: s.replace(focus_gap=4)),
     ("no heading context (context_weight=0)", lambda s: s.replace(context_weight=0.0)),
+    ("no heading residual (heading_residual=0)", lambda s: s.replace(heading_residual=0.0)),
     # window-mode steps: not applicable (None) when pooled extents were chosen
     ("no decay (lambda=0)", lambda s: None if _pooled(s) else s.replace(decay=0.0)),
     ("no score filter (factor=None)", lambda s: None if _pooled(s) else s.replace(factor=None)),

@@ -1,6 +1,7 @@
 """Heading context in the query engine: a question that names the document's heading gets that document's
 sentence first; w = 0 and stores without heading paths are exactly today's path; the pre-retrieval rerank
-equals a dense cos + boost ranking when every path's rows are in it."""
+equals a dense cos + boost (+ heading residual) ranking when every path's rows are in it; the heading residual
+puts the answering sentence before one that restates the heading."""
 
 from __future__ import annotations
 
@@ -31,6 +32,21 @@ def policy_engine(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("policies")
     docs = {"a": POLICY.format(site="a.com"), "b": POLICY.format(site="b.com"), "c": BAKING}
+    ingest([str(write_corpus(root / "src", docs))], root / "store")
+    return Engine.open(str(root / "store"), device="cpu")
+
+
+RESTATED = ("# Privacy policy of {site}\n\nThis privacy policy of {site} explains how {site} handles your data. "
+            "We delete your account data within 30 days after you close your account.\n\n"
+            "We use cookies to remember your preferences.\n")
+
+
+@pytest.fixture(scope="module")
+def restated_engine(tmp_path_factory):
+    from engine.query import Engine
+
+    root = tmp_path_factory.mktemp("restated")
+    docs = {"a": RESTATED.format(site="a.com"), "b": RESTATED.format(site="b.com")}
     ingest([str(write_corpus(root / "src", docs))], root / "store")
     return Engine.open(str(root / "store"), device="cpu")
 
@@ -83,6 +99,7 @@ def test_rerank_equals_dense_cos_plus_boost(policy_engine):
     q = torch.as_tensor(eng.embedder.encode(QUESTIONS))
     weight, depth = 12.0, 6
     hits, spread, cref = eng.context_hits(q, depth, weight)
+    hits_r = eng.context_hits(q, depth, weight, residual=0.75)[0]
     emb = eng.embeddings
     cos = q @ emb.T  # (Q, N)
     heading_emb, row_heading = eng.heading_tensors()[:2]
@@ -96,6 +113,28 @@ def test_rerank_equals_dense_cos_plus_boost(policy_engine):
     score = cos + context_boost(c, path, torch.ones_like(path, dtype=torch.bool), s_ref, r_ref, weight)
     order = np.lexsort((np.arange(eng.n_total)[None, :].repeat(len(q), 0), -score.numpy()), axis=1)[:, :depth]
     np.testing.assert_array_equal(hits.numpy(), order)
+    # the heading residual: each row's cosine loses 0.75 * c * (h . s), h . s from the row's own path
+    hs = torch.where(row_heading >= 0, (emb.float() * heading_emb[row_heading.clamp(min=0)]).sum(1), 0.0)
+    torch.testing.assert_close(eng.heading_row_dots(), hs)
+    score = score - torch.where(path >= 0, 0.75 * c * hs[None, :], 0.0)
+    order = np.lexsort((np.arange(eng.n_total)[None, :].repeat(len(q), 0), -score.numpy()), axis=1)[:, :depth]
+    np.testing.assert_array_equal(hits_r.numpy(), order)
+
+
+def test_heading_residual_puts_the_answer_before_the_restated_heading(restated_engine):
+    """A question that names the policy: by cosine the sentence restating the heading ("This privacy policy of
+    a.com explains ...") and the heading line itself come first; with the default heading residual the sentence
+    that answers does, still in the named site's policy (every sentence a candidate and returned)."""
+    eng = restated_engine
+    every = eng.config.qasc.replace(block_extents="none", focus_gap=None, far_margin=None, score_margin=None,
+                                    top_k=None, max_extent=1, percentile=0.0)
+    assert every.heading_residual > 0
+    question = ["[a.com] What does the privacy policy of a.com say about deleting my account data?"]
+    on = eng.query(question, every, WIDE)[0]
+    off = eng.query(question, every.replace(heading_residual=0.0), WIDE)[0]
+    assert off[0].doc_id == "a" and "explains how" in off[0].text
+    assert on[0].doc_id == "a" and on[0].text.startswith("We delete your account data")
+    assert [c.text for c in on if c.doc_id == "a"].index(off[0].text) > 0
 
 
 def test_weight_zero_is_todays_path(policy_engine, monkeypatch):

@@ -1,8 +1,9 @@
-"""`qasc eval`'s "+ same context" baselines: chunks ranked by cos + QASC's heading boost."""
+"""`qasc eval`'s "+ same context" baselines: chunks ranked by cos + QASC's heading boost and heading residual."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from jobs.eval.context import chunk_paths, context_ranked, path_vectors
 from jobs.eval.retrieval import ChunkSet
@@ -46,3 +47,19 @@ def test_context_ranks_the_named_documents_chunk_first(embedder):
     assert rank[("b", 26)] < rank[("a", 26)] and rank[("b", 0)] < rank[("a", 0)]
     no_heads = context_ranked(chunks, q, np.full(len(chunks), -1), vecs, 12.0, 6)[0]
     assert no_heads == plain  # no chunk under a heading: the boost is 0
+
+
+def test_context_residual_takes_the_heading_part_off_each_chunk(embedder):
+    """residual beta: each chunk under a heading loses beta * c * (h . chunk), exactly (the engine's rule)."""
+    chunks = _chunks(embedder)
+    paths, ids = chunk_paths(chunks, DOCS)
+    vecs = path_vectors(paths, None, embedder)
+    q = embedder.encode(["[b.com] Do you sell my data?"])
+    boosted = {(h[0], h[1]): h[4] for h in context_ranked(chunks, q, ids, vecs, 12.0, 6)[0]}
+    resid = {(h[0], h[1]): h[4] for h in context_ranked(chunks, q, ids, vecs, 12.0, 6, 0.75)[0]}
+    for i, key in enumerate(zip(chunks.doc_ids, chunks.starts.tolist(), strict=True)):
+        if ids[i] < 0:
+            assert resid[key] == boosted[key]
+            continue
+        c, hs = float(q[0] @ vecs[ids[i]]), float(chunks.emb[i] @ vecs[ids[i]])
+        assert resid[key] == pytest.approx(boosted[key] - 0.75 * c * hs, abs=1e-5)

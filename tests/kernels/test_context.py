@@ -1,5 +1,6 @@
 """Query-gated heading context (kernels.context): vectorized kernels against their loop twins on random ragged
-batches, and the gate's behaviour: neutral without headings or with headings that all match alike."""
+batches, the gate's behaviour (neutral without headings or with headings that all match alike), and the heading
+residual's (q . s - beta (q . h)(h . s): what a row says beyond its heading)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kernels.reference as ref
-from kernels.context import context_boost, heading_gate
+from kernels.context import context_boost, heading_gate, heading_residual
 
 GRID = [k / 8 for k in range(-8, 9)]
 
@@ -78,3 +79,32 @@ def test_informative_heading_lifts_its_rows_and_counts_paths_once() -> None:
     boost = context_boost(c, path, valid, spread, cref, 2.0)
     np.testing.assert_allclose(boost[0, 5].item(), 2.0 * 0.55 * 0.55)
     assert boost[0, 5] > 0 and bool((boost[0, :5] < 0).all())
+
+
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pool=pools(), beta=st.sampled_from([0.0, 0.5, 0.75, 2.0]), data=st.data())
+def test_heading_residual_matches_reference(pool, beta: float, data) -> None:
+    c, path, valid = pool
+    hs = torch.tensor(data.draw(st.lists(st.sampled_from(GRID), min_size=c.numel(), max_size=c.numel())),
+                      dtype=torch.float64).reshape(c.shape)
+    out = heading_residual(c, hs, path, valid, beta)
+    torch.testing.assert_close(out, ref.heading_residual(c, hs, path, valid, beta))
+    assert out.shape == c.shape and out.dtype == c.dtype
+    assert bool((out[~valid | (path < 0)] == 0).all())
+
+
+def test_heading_residual_is_the_query_against_the_row_minus_its_heading() -> None:
+    """sim + residual = q . (I - beta h h^T) s: the row with the same heading match but more of its own content
+    keeps more of its similarity; beta = 0 leaves every similarity as it was."""
+    g = torch.Generator().manual_seed(0)
+    q, h = (torch.nn.functional.normalize(torch.randn(16, generator=g), dim=0) for _ in range(2))
+    s = torch.nn.functional.normalize(torch.randn(3, 16, generator=g), dim=1)
+    s[0] = torch.nn.functional.normalize(h + 0.1 * s[0], dim=0)  # a row that restates its heading
+    sims, c, hs = (s @ q)[None], (q @ h).expand(1, 3), (s @ h)[None]
+    path, valid = torch.tensor([[0, 0, -1]]), torch.ones((1, 3), dtype=torch.bool)
+    beta = 0.75
+    got = sims + heading_residual(c, hs, path, valid, beta)
+    projected = s - beta * (s @ h)[:, None] * h[None]  # the rows without beta of their heading direction
+    torch.testing.assert_close(got[0, :2], (projected @ q)[:2])
+    assert got[0, 2] == sims[0, 2]  # no heading: unchanged
+    assert bool((heading_residual(c, hs, path, valid, 0.0) == 0).all())
