@@ -18,8 +18,9 @@ class QascParams:
     policyqa_privacy) chose on all four sets together, the same one its chroma_general fold chose on the other
     three: pooled extents (runs of up to 2 sentences holding a p90 seed, clipped to the paragraph, and whole
     sections complete in the candidate region, with a length bonus 0.02 ln(sentences)), the best chunk, its
-    neighbours within 6 sentences and chunks elsewhere within 0.02 of it, every chunk within 0.05 of the best,
-    at most 10 (with RetrievalConfig depth 16, neighbourhood 4). The window-mode fields keep the setting the same
+    neighbours within 6 sentences and chunks elsewhere within 0.02 of it, every chunk within 0.1 of the best,
+    at most 10 (with RetrievalConfig depth 8, neighbourhood 2), similarities with the heading context and the
+    heading residual. The window-mode fields keep the setting the same
     cross-validation chose among windows (adaptive up to m=3 within 0.1 of the seed, window-max ranking).
     See bench/RESULTS.md.
     """
@@ -45,7 +46,7 @@ class QascParams:
     score: str = "window_max"  # chunk score: best kept seed similarity, or max/mean window score
     top_k: int | None = 10  # chunks returned per query (None: no limit)
     budget_tokens: int | None = None  # at most this many tokens returned per query
-    score_margin: float | None = 0.05  # return only chunks scoring >= best - margin
+    score_margin: float | None = 0.1  # return only chunks scoring >= best - margin
     focus_gap: int | None = 6  # return only the best chunk and chunks <= this many sentences from it
     far_margin: float | None = 0.02  # focus: also keep chunks elsewhere scoring >= best - far_margin
     block_extents: str = "section"  # pooled: whole paragraphs / sections (complete in the row) are candidates too
