@@ -9,7 +9,8 @@ Heading context (QascParams.context_weight > 0, stores with heading paths): c(ro
 the row's heading path; the gate (kernels.context.heading_gate) over the distinct paths of the top
 CONTEXT_POOL rows by cosine gives spread and cref; boost(row) = w * spread * (c(row) - cref). The `depth` hits
 are the best rows by cosine + boost among that pool and the rows of the CONTEXT_PATHS best-matching paths, and
-the boost is added to the candidates' similarities before QASC. With QascParams.heading_residual = beta > 0,
+the boost goes to QASC with the candidates' similarities (`run_qasc(boost=...)`: added to them for seeding and
+whole blocks, once per pooled run). With QascParams.heading_residual = beta > 0,
 both rankings also take beta * c(row) * (h . s)(row) off each row's cosine (kernels.context.heading_residual:
 the part of the similarity the row's heading explains; h . s is kept per store row, `heading_row_dots`).
 """
@@ -358,11 +359,12 @@ class Engine:
                               first, last, BLOCK_ROWS_MAX)
         rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
         sims = self.candidate_sims(query_emb, rows, cand.valid)
+        boost = None
         if context:
             row_heading = self.heading_tensors()[1]
             path = torch.where(cand.valid, row_heading[rows], torch.full_like(rows, -1))
             c = self.heading_sims(query_emb.to(device=self.device, dtype=torch.float32), path)
-            sims = sims + context_boost(c, path, cand.valid, spread, cref, params.context_weight)
+            boost = context_boost(c, path, cand.valid, spread, cref, params.context_weight)
             if params.heading_residual > 0:
                 sims = sims + heading_residual(c, self.heading_row_dots()[rows], path, cand.valid,
                                                params.heading_residual)
@@ -373,7 +375,7 @@ class Engine:
             blocks[kind] = (sizes[rows].long(), norms[rows])
         batch = run_qasc(
             sims, cand.valid, cand.region, self.paragraph[rows].long(), self.section[rows].long(),
-            self.n_tokens[rows].long(), params, dots=dots, blocks=blocks,
+            self.n_tokens[rows].long(), params, dots=dots, blocks=blocks, boost=boost,
         )
         return batch, cand
 

@@ -45,6 +45,9 @@ QASC_HELP = {
                       "off; stores without heading paths: no effect)",
     "heading_residual": "with the heading context: beta in sim = q.s - beta (q.h)(h.s), the part of a row's similarity "
                         "that its heading path h already explains taken out (0..2; 0: off)",
+    "boost_runs_once": "pooled runs add the heading boost once (their mean boost) to the pooled cosine of the "
+                       "plain similarities; --no-boost-runs-once pools the boosted similarities (the boost then "
+                       "counts n/||sum e|| times in a run of n); whole blocks always pool it",
 }
 UNSET = argparse.SUPPRESS  # flag not given: keep the store's value (None from a flag means 'none')
 RETRIEVAL_HELP = {

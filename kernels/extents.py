@@ -67,16 +67,20 @@ def pooled_extent_scores(
     seeds: torch.Tensor,
     max_len: int,
     penalty: float = 0.0,
+    boost: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """sims (Q, L) float, dots (Q, L, W >= max_len) float, valid/seeds (Q, L) bool, segment_ids (Q, L) int64
-    -> scores (Q, L, max_len) float.
+    """sims (Q, L) float, dots (Q, L, W >= max_len) float, valid/seeds (Q, L) bool, segment_ids (Q, L) int64,
+    boost (Q, L) float or None -> scores (Q, L, max_len) float.
 
     scores[q, a, n-1] = (s_a + ... + s_{a+n-1}) / ||e_a + ... + e_{a+n-1}|| - penalty * (n - 1): with
     s_i = query . e_i and a unit query, the cosine between the query and the pooled embedding of the n
     sentences starting at position a (0 when the pooled vector is zero). The norms come from the neighbour
     dots (`run_norms`), so memory and time do not grow with the embedding width D. Sums run left to right.
-    -inf where the run leaves its segment (a run of equal segment ids among valid positions), passes the
-    end of the row, or holds no seed.
+    With `boost` (a per-row additive score, e.g. the heading context's), the run's mean boost
+    (b_a + ... + b_{a+n-1}) / n is added once: summed into the pooled cosine instead, a boost b on every
+    sentence would count n / ||e_a + ... + e_{a+n-1}|| > 1 times and lift a run above its own best sentence
+    whenever the heading matches. -inf where the run leaves its segment (a run of equal segment ids among valid
+    positions), passes the end of the row, or holds no seed.
     """
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
@@ -92,6 +96,8 @@ def pooled_extent_scores(
     row_sims = torch.where(valid, sims, zero)
     row_seeds = seeds & valid
     s_sum = zero.clone()
+    b_sum = zero.clone()
+    row_boost = None if boost is None else torch.where(valid, boost.to(sims.dtype), zero)
     has_seed = torch.zeros_like(seeds)
     for n in range(1, max_len + 1):
         shift = n - 1  # add the sentence at a + n - 1 to every run starting at a
@@ -101,6 +107,9 @@ def pooled_extent_scores(
         has_seed[:, : length - shift] |= row_seeds[:, shift:]
         norm = norms[..., shift]
         cos = torch.where(norm > 0, s_sum / torch.where(norm > 0, norm, torch.ones_like(norm)), zero)
+        if row_boost is not None:
+            b_sum[:, : length - shift] += row_boost[:, shift:]
+            cos = cos + b_sum / n
         inside = valid & (keys >= 0) & (idx + shift <= run_end)
         out[..., shift] = torch.where(inside & has_seed, cos - penalty * shift, torch.full_like(cos, float("-inf")))
     return out

@@ -67,6 +67,7 @@ def run_qasc(
     ops: ModuleType | FastOps | None = None,
     dots: torch.Tensor | None = None,
     blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+    boost: torch.Tensor | None = None,
 ) -> QascBatch:
     """sims (Q, L) float, valid (Q, L) bool, region/paragraph/section ids and n_tokens (Q, L) int64 -> QascBatch.
 
@@ -76,19 +77,29 @@ def run_qasc(
     W-1 positions (`kernels.extents.neighbour_dots` of the rows behind `sims`), are needed by
     params.extent == "pooled" only. `blocks` maps "paragraph" / "section" to (sizes (Q, L) int64, norms (Q, L)
     float): each position's whole block in its document, its sentences and the norm of its summed vectors
-    (`kernels.extents.block_stats`); needed by params.block_extents only.
+    (`kernels.extents.block_stats`); needed by params.block_extents only. `boost` (Q, L) float: an additive
+    per-row score (the heading context's) that seeding, windows and whole blocks see added to `sims`; pooled
+    runs add their mean boost once to the pooled cosine of `sims` when params.boost_runs_once (else they pool
+    sims + boost like blocks do).
     """
     ops = ops or FastOps()
     p = params
     if p.budget_tokens is not None and p.budget_tokens < p.max_tokens:
         p = p.replace(max_tokens=p.budget_tokens)  # a chunk never alone overflows the budget
     region = region_keys(region_ids, valid)
+    plain = sims  # without the boost: what pooled runs take their cosine of when the boost counts once
+    if boost is not None:
+        sims = sims + boost
     tau, seeds = ops.percentile_seeds(sims, valid, p.percentile, p.min_seeds, p.max_seeds)
     window_keys = combine_keys(region, paragraph_ids) if p.clip_to_paragraph else region
     if p.extent == "pooled":
         if dots is None:
             raise ValueError("extent='pooled' needs the neighbour dots (Q, L, W) of the sentence vectors")
-        runs = ops.pooled_extent_scores(sims, dots, valid, window_keys, seeds, p.max_extent, p.extent_penalty)
+        if boost is not None and p.boost_runs_once:
+            runs = ops.pooled_extent_scores(plain, dots, valid, window_keys, seeds, p.max_extent, p.extent_penalty,
+                                            boost)
+        else:
+            runs = ops.pooled_extent_scores(sims, dots, valid, window_keys, seeds, p.max_extent, p.extent_penalty)
         if p.length_bonus:  # a run of n sentences gains length_bonus * ln(n): one constant per slot
             n = torch.arange(1, p.max_extent + 1, dtype=runs.dtype, device=runs.device)
             runs = runs + p.length_bonus * torch.log(n)

@@ -457,16 +457,19 @@ def pooled_extent_scores(
     seeds: torch.Tensor,
     max_len: int,
     penalty: float = 0.0,
+    boost: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """scores (Q, L, max_len): cosine of the query with the summed embeddings of each run of n sentences
     starting at a (sims summed left to right; the norm from the pairwise dots of the run's valid sentences),
-    minus penalty * (n - 1); -inf unless the run stays in one segment and holds a seed."""
+    plus the mean of the run's boosts (summed left to right, over n) when given, minus penalty * (n - 1); -inf
+    unless the run stays in one segment and holds a seed."""
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
     q, length = sims.shape
     dtype = sims.dtype
     out = [[[-_INF] * max_len for _ in range(length)] for _ in range(q)]
     table = dots.to(dtype).tolist()
+    boosts = None if boost is None else _rows(boost.to(dtype))
     for b, (row, ok, keys, seed) in enumerate(zip(_rows(sims), _rows(valid), _rows(segment_ids), _rows(seeds),
                                                    strict=True)):
         seg = _segment_ids(keys, ok)
@@ -483,6 +486,11 @@ def pooled_extent_scores(
                 square = sum(table[b][min(i, j)][abs(i - j)] for i in run for j in run)
                 norm = _sqrt(square, dtype)
                 cos = _round(total / norm, dtype) if norm > 0 else 0.0
+                if boosts is not None:
+                    lift = 0.0
+                    for i in run:
+                        lift = _round(lift + boosts[b][i], dtype)
+                    cos = _round(cos + _round(lift / n, dtype), dtype)
                 out[b][a][n - 1] = _round(cos - _round(penalty * (n - 1), dtype), dtype)
     return _to_tensor(out, (q, length, max_len), dtype, sims.device)
 

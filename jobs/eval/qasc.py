@@ -31,7 +31,7 @@ SHORT = {"percentile": "p", "radius": "m", "decay": "lam", "factor": "f", "gap":
          "max_seeds": "max", "clip_to_paragraph": "clip", "adaptive": "adaptive", "merge": "merge",
          "extent": "extent", "max_extent": "runs", "extent_penalty": "pen", "max_picks": "picks",
          "focus_gap": "focus", "far_margin": "far", "block_extents": "blocks", "length_bonus": "lam",
-         "context_weight": "ctx", "heading_residual": "hres"}
+         "context_weight": "ctx", "heading_residual": "hres", "boost_runs_once": "once"}
 
 
 @dataclass(frozen=True)
@@ -193,6 +193,8 @@ ABLATIONS: list[Ablation] = [
     ("focus on the best chunk (focus_gap=4)", lambda s: s.replace(focus_gap=4)),
     ("no heading context (context_weight=0)", lambda s: s.replace(context_weight=0.0)),
     ("no heading residual (heading_residual=0)", lambda s: s.replace(heading_residual=0.0)),
+    ("heading boost pooled in runs (boost_runs_once=False)",
+     lambda s: s.replace(boost_runs_once=False) if _pooled(s) else None),
     # window-mode steps: not applicable (None) when pooled extents were chosen
     ("no decay (lambda=0)", lambda s: None if _pooled(s) else s.replace(decay=0.0)),
     ("no score filter (factor=None)", lambda s: None if _pooled(s) else s.replace(factor=None)),

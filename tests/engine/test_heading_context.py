@@ -144,3 +144,18 @@ def test_weight_zero_is_todays_path(policy_engine, monkeypatch):
     monkeypatch.setattr(type(eng), "context_hits", lambda *a, **k: pytest.fail("context used with w = 0"))
     batch, cand = eng.run_batch(torch.as_tensor(eng.embedder.encode(QUESTIONS)), params, RetrievalConfig())
     assert batch is not None and cand.rows.shape[0] == len(QUESTIONS)
+
+
+def test_a_pooled_run_takes_the_heading_boost_once(policy_engine):
+    """The baking guide's heading matches the question, so every one of its rows is boosted. Pooling boosted
+    similarities counted the boost n / ||sum e|| > 1 times in a run of n and lifted the pair "Feed the starter
+    ... The dough should proof ..." above the answering sentence; with the boost once per run (the default) the
+    answering sentence alone comes first (runs only, every chunk returned)."""
+    every = policy_engine.config.qasc.replace(block_extents="none", focus_gap=None, far_margin=None,
+                                              score_margin=None, top_k=None)
+    assert every.boost_runs_once
+    question = ["How long should the dough proof?"]
+    on = policy_engine.query(question, every, WIDE)[0]
+    off = policy_engine.query(question, every.replace(boost_runs_once=False), WIDE)[0]
+    assert on[0].text.startswith("The dough should proof") and "Feed the starter" not in on[0].text
+    assert off[0].text.startswith("Feed the starter") and "The dough should proof" in off[0].text

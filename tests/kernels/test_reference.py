@@ -37,6 +37,7 @@ def budget(n: int) -> settings:
 
 SETTINGS = budget(150)
 GRID = [k / 8 for k in range(-8, 9)]
+BOOSTS = [k / 8 for k in range(-3, 4)]  # per-row boosts: eighths too, so their sums are exact
 DIM = 3  # sentence vectors in the random batches: eighths, so that every sum of a few is exact
 DOTS_WIDTH = 6  # neighbour dots of the random batches: enough for runs of up to 6 sentences
 
@@ -68,7 +69,9 @@ def batches(draw: st.DrawFn, max_q: int = 5, max_l: int = 24) -> dict[str, torch
         values = draw(st.lists(st.sampled_from(GRID), min_size=1, max_size=3, unique=True))
     all_empty = draw(st.integers(0, 9)) == 0
     ordered_regions = draw(st.booleans())
-    rows: dict[str, list] = {k: [] for k in ("sims", "valid", "region", "paragraph", "section", "tokens", "emb")}
+    with_boost = draw(st.booleans())  # an additive per-row score (the heading context's), or none
+    rows: dict[str, list] = {k: [] for k in ("sims", "valid", "region", "paragraph", "section", "tokens", "emb",
+                                             "boost")}
     for _ in range(q):
         n_valid = 0 if all_empty else draw(st.one_of(st.just(length), st.just(0), st.integers(0, length)))
         rows["sims"].append(draw(st.lists(st.sampled_from(values), min_size=length, max_size=length)))
@@ -78,6 +81,7 @@ def batches(draw: st.DrawFn, max_q: int = 5, max_l: int = 24) -> dict[str, torch
         rows["section"].append(draw(run_row(length, True)))
         rows["tokens"].append(draw(st.lists(st.integers(1, 60), min_size=length, max_size=length)))
         rows["emb"].append(draw(st.lists(st.sampled_from(GRID), min_size=length * DIM, max_size=length * DIM)))
+        rows["boost"].append(draw(st.lists(st.sampled_from(BOOSTS), min_size=length, max_size=length)))
 
     def as_tensor(name: str, dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(rows[name], dtype=dtype).reshape(q, length)
@@ -92,7 +96,8 @@ def batches(draw: st.DrawFn, max_q: int = 5, max_l: int = 24) -> dict[str, torch
         "emb": torch.tensor(rows["emb"], dtype=F64).reshape(q, length, DIM),
     } | {"dots": row_dots(torch.tensor(rows["emb"], dtype=F64).reshape(q, length, DIM))} | {
         "blocks": row_blocks(torch.tensor(rows["emb"], dtype=F64).reshape(q, length, DIM),
-                             {k: as_tensor(k, torch.long) for k in ("paragraph", "section")})}
+                             {k: as_tensor(k, torch.long) for k in ("paragraph", "section")})} | (
+        {"boost": as_tensor("boost", F64)} if with_boost else {})
 
 
 def row_of(b: dict, q: int) -> dict:
@@ -180,6 +185,7 @@ def qasc_params(draw: st.DrawFn) -> QascParams:
         far_margin=draw(st.one_of(st.none(), st.sampled_from([0.0, 0.125, 0.5]))),
         block_extents=draw(st.sampled_from(BLOCK_RULES)),
         length_bonus=draw(st.sampled_from([0.0, 0.125, -0.125])),
+        boost_runs_once=draw(st.booleans()),
     )
 
 
@@ -198,7 +204,7 @@ def assert_same(fast: torch.Tensor, slow: torch.Tensor) -> None:
 
 def run_both(b: dict[str, torch.Tensor], params: QascParams, ops=None):
     return run_qasc(b["sims"], b["valid"], b["region"], b["paragraph"], b["section"], b["tokens"], params, ops=ops,
-                    dots=b.get("dots"), blocks=b.get("blocks"))
+                    dots=b.get("dots"), blocks=b.get("blocks"), boost=b.get("boost"))
 
 
 def chosen_chunks(batch, q: int) -> list[tuple[int, int, int, float]]:
@@ -451,10 +457,33 @@ def test_pooled_extent_scores(data: st.DataObject) -> None:
     segments = b[data.draw(st.sampled_from(["region", "paragraph"]))]
     max_len = data.draw(st.integers(1, 6))
     penalty = data.draw(st.sampled_from([0.0, 0.125, 0.3]))
-    fast = kernels.pooled_extent_scores(b["sims"], b["dots"], b["valid"], segments, seeds, max_len, penalty)
-    slow = ref.pooled_extent_scores(b["sims"], b["dots"], b["valid"], segments, seeds, max_len, penalty)
+    boost = b.get("boost")  # the run's mean boost added once, when the batch has one
+    fast = kernels.pooled_extent_scores(b["sims"], b["dots"], b["valid"], segments, seeds, max_len, penalty, boost)
+    slow = ref.pooled_extent_scores(b["sims"], b["dots"], b["valid"], segments, seeds, max_len, penalty, boost)
     assert_same(fast, slow)
     assert torch.equal(fast, slow)  # exact sums, correctly rounded norm and division: bit for bit
+
+
+def test_a_constant_boost_shifts_every_run_by_itself_once() -> None:
+    """With the boost counted once, a boost b on every row adds exactly b to every run's score, so the runs keep
+    their order; pooled into the similarities instead, it adds b * n / ||sum e|| and a run of two overtakes
+    its own better sentence."""
+    y = -1 / 30  # row 1: cosine 0.4 with the query, 0.3 with row 0 (cosine 0.8): the pair [0, 1] scores 0.744
+    emb = torch.tensor([[[0.8, 0.6, 0.0], [0.4, y, (1 - 0.16 - y * y) ** 0.5], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0],
+                         [0.6, 0.0, 0.8], [0.0, 0.6, 0.8]]], dtype=F64)
+    sims = emb[0] @ torch.tensor([1.0, 0.0, 0.0], dtype=F64)
+    sims = sims[None]
+    valid = torch.ones_like(sims, dtype=torch.bool)
+    ids = torch.zeros_like(sims, dtype=torch.long)
+    dots = row_dots(emb, 3)
+    plain = kernels.pooled_extent_scores(sims, dots, valid, ids, valid, 3)
+    b = 0.25
+    once = kernels.pooled_extent_scores(sims, dots, valid, ids, valid, 3, boost=torch.full_like(sims, b))
+    finite = torch.isfinite(plain)
+    assert torch.allclose(once[finite], plain[finite] + b, rtol=0, atol=1e-12)
+    assert plain[0, 0, 0] > plain[0, 0, 1]  # the exact sentence beats the pair it starts
+    pooled = kernels.pooled_extent_scores(sims + b, dots, valid, ids, valid, 3)
+    assert pooled[0, 0, 1] > pooled[0, 0, 0]  # with the boost pooled, the pair overtakes it
 
 
 @SETTINGS
@@ -645,6 +674,19 @@ def test_pipeline_shipped_settings_match_reference(b: dict[str, torch.Tensor], n
 
 @PIPE_SETTINGS
 @given(b=batches(), params=qasc_params())
+def test_pipeline_boost_pooled_in_runs_is_the_boosted_similarities(b: dict[str, torch.Tensor],
+                                                                   params: QascParams) -> None:
+    """boost_runs_once=False: handing the boost separately is exactly adding it to the similarities first."""
+    boost = b.get("boost", torch.zeros_like(b["sims"]))
+    params = params.replace(boost_runs_once=False)
+    apart = run_both({**b, "boost": boost}, params)
+    added = run_both({**{k: v for k, v in b.items() if k != "boost"}, "sims": b["sims"] + boost}, params)
+    for field in ("start", "end", "tokens", "chosen", "piece", "labels", "kept", "score", "tau"):
+        assert_same(getattr(apart, field), getattr(added, field))
+
+
+@PIPE_SETTINGS
+@given(b=batches(), params=qasc_params())
 def test_pipeline_batch_equals_single_queries(b: dict[str, torch.Tensor], params: QascParams) -> None:
     together = run_both(b, params)
     for q in range(b["sims"].shape[0]):
@@ -685,7 +727,8 @@ def test_pipeline_chunks_respect_cap_and_do_not_overlap(
 @given(b=batches(), params=qasc_params())
 def test_pipeline_tau_is_numpy_percentile(b: dict[str, torch.Tensor], params: QascParams) -> None:
     out = run_both(b, params)
-    expected = torch.tensor(numpy_percentile(b["sims"], b["valid"], params.percentile), dtype=F64)
+    seeded = b["sims"] + b["boost"] if "boost" in b else b["sims"]  # seeding sees the boosted similarities
+    expected = torch.tensor(numpy_percentile(seeded, b["valid"], params.percentile), dtype=F64)
     assert out.tau.shape == (b["sims"].shape[0],)
     assert torch.allclose(out.tau, expected, rtol=1e-12, atol=1e-12)
 
