@@ -48,6 +48,9 @@ QASC_HELP = {
     "boost_runs_once": "pooled runs add the heading boost once (their mean boost) to the pooled cosine of the "
                        "plain similarities; --no-boost-runs-once pools the boosted similarities (the boost then "
                        "counts n/||sum e|| times in a run of n); whole blocks always pool it",
+    "blocks_need_heading": "with --block-extents: a whole block is a candidate only where the heading context "
+                           "lifts it (boost > 0), none without heading context; --no-blocks-need-heading: every "
+                           "block that fits",
 }
 UNSET = argparse.SUPPRESS  # flag not given: keep the store's value (None from a flag means 'none')
 RETRIEVAL_HELP = {

@@ -17,7 +17,8 @@ class QascParams:
     Defaults: the setting the development suite (`qasc eval` over chroma_general, tatqa_finance, medquad_health,
     policyqa_privacy) chose on all four sets together, the same one its chroma_general fold chose on the other
     three: pooled extents (runs of up to 2 sentences holding a p90 seed, clipped to the paragraph, and whole
-    sections complete in the candidate region, with a length bonus 0.02 ln(sentences)), the best chunk, its
+    sections complete in the candidate region where the question matches their heading, with a length bonus
+    0.02 ln(sentences)), the best chunk, its
     neighbours within 6 sentences and chunks elsewhere within 0.02 of it, every chunk within 0.1 of the best,
     at most 10 (with RetrievalConfig depth 8, neighbourhood 2), similarities with the heading context and the
     heading residual, the boost counted once per pooled run. The window-mode fields keep the setting the same
@@ -65,6 +66,12 @@ class QascParams:
     # whole blocks keep the pooled boost (a matching heading lifts its whole section). The development suite's
     # choice (bench/RESULTS.md, "The boost once per run")
     boost_runs_once: bool = True
+    # pooled with block_extents: a whole block is a candidate only where the heading context lifts it (its boost
+    # > 0: the question matches its heading better than the typical heading among the best rows), none without
+    # the heading context (no heading paths, or context_weight 0). A section is the extent of a question about
+    # that section; with no heading evidence, runs answer. False: every block that fits is a candidate. The
+    # development suite's choice (bench/RESULTS.md, "Whole blocks need a heading match")
+    blocks_need_heading: bool = True
 
     def __post_init__(self) -> None:
         problems = []

@@ -106,7 +106,7 @@ def run_qasc(
         lengths = None  # slot m: the run of m + 1 sentences
         if p.block_kinds:
             runs, lengths = _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seeds, n_tokens,
-                                         p, blocks, ops)
+                                         p, blocks, ops, boost)
         pick_id, seed_values = ops.pick_extents(runs, p.max_picks, p.score_margin, lengths)
         kept = pick_id >= 0  # every picked sentence; its value is its run's score
         how = "max"
@@ -178,9 +178,12 @@ def run_qasc(
     )
 
 
-def _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seeds, n_tokens, p, blocks, ops):
+def _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seeds, n_tokens, p, blocks, ops,
+                 boost=None):
     """runs (Q, L, M) -> scores (Q, L, M + B) float, lengths (Q, L, M + B) int64: the whole paragraphs and/or
-    sections longer than the longest run as extra candidate slots (B = 1 or 2), with their length bonus."""
+    sections longer than the longest run as extra candidate slots (B = 1 or 2), with their length bonus. With
+    p.blocks_need_heading, only the blocks whose first row the heading context lifts (boost (Q, L) > 0) are
+    candidates, and none without a boost."""
     ids = {"paragraph": paragraph_ids, "section": section_ids}
     q, length, m = runs.shape
     out = runs.new_empty((q, length, m + len(p.block_kinds)))
@@ -194,7 +197,10 @@ def _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seed
         sizes, norms = blocks[kind]
         score, size = ops.block_extent_scores(sims, valid, region_ids, ids[kind], sizes, norms, seeds, n_tokens,
                                               p.max_tokens)
-        row, at = (size > p.max_extent).nonzero().unbind(1)  # the blocks (few) longer than the longest run
+        longer = size > p.max_extent  # the blocks (few) longer than the longest run
+        if p.blocks_need_heading:  # the question must match the block's heading better than the typical one
+            longer &= boost > 0 if boost is not None else torch.zeros_like(longer)
+        row, at = longer.nonzero().unbind(1)
         n = size[row, at]
         value = score[row, at]
         if p.length_bonus:

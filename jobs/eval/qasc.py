@@ -31,7 +31,8 @@ SHORT = {"percentile": "p", "radius": "m", "decay": "lam", "factor": "f", "gap":
          "max_seeds": "max", "clip_to_paragraph": "clip", "adaptive": "adaptive", "merge": "merge",
          "extent": "extent", "max_extent": "runs", "extent_penalty": "pen", "max_picks": "picks",
          "focus_gap": "focus", "far_margin": "far", "block_extents": "blocks", "length_bonus": "lam",
-         "context_weight": "ctx", "heading_residual": "hres", "boost_runs_once": "once"}
+         "context_weight": "ctx", "heading_residual": "hres", "boost_runs_once": "once",
+         "blocks_need_heading": "bhead"}
 
 
 @dataclass(frozen=True)
@@ -193,6 +194,8 @@ ABLATIONS: list[Ablation] = [
     ("focus on the best chunk (focus_gap=4)", lambda s: s.replace(focus_gap=4)),
     ("no heading context (context_weight=0)", lambda s: s.replace(context_weight=0.0)),
     ("no heading residual (heading_residual=0)", lambda s: s.replace(heading_residual=0.0)),
+    ("whole blocks wherever they fit (blocks_need_heading=False)",
+     lambda s: s.replace(blocks_need_heading=False) if _pooled(s) and s.params.block_kinds else None),
     ("heading boost pooled in runs (boost_runs_once=False)",
      lambda s: s.replace(boost_runs_once=False) if _pooled(s) else None),
     # window-mode steps: not applicable (None) when pooled extents were chosen
