@@ -1,7 +1,8 @@
 """The batched QASC kernels (kernels.pipeline.run_qasc) vs their loop twins (ops=kernels.reference).
 
 Random ragged batches: sims (Q, L) smooth noise, each row valid on a random prefix of L/2..L, several regions
-per row (runs of 8..L/4 positions), paragraphs of ~3 sentences, sections of ~15, n_tokens 5..40, and for the
+per row (runs of 8..L/4 positions), paragraphs of ~3 sentences, sections of ~15, n_tokens 5..40, a heading-context
+boost per section (about +-0.1: pooled runs take it once, whole blocks need it > 0), and for the
 pooled extents each row's neighbour dots (Q, L, W) of random unit sentence vectors of width D (`--dims`,
 default 384 = MiniLM): the kernels never see the vectors, so their time and memory do not depend on D
 (the "est. peak MiB" column shows it for `--dims 16,384`).
@@ -29,7 +30,7 @@ BASE = QascParams(percentile=95.0, min_seeds=1, max_seeds=None, radius=0, adapti
                   clip_to_paragraph=False, decay=0.3, factor=0.6, merge=True, gap=0, snap="none", max_tokens=512,
                   score="seed_sim", top_k=1, budget_tokens=None, score_margin=None, extent="window", max_extent=3,
                   extent_penalty=0.0, max_picks=10, focus_gap=None, far_margin=None, block_extents="none",
-                  length_bonus=0.0)
+                  length_bonus=0.0, boost_runs_once=True, blocks_need_heading=True)
 DOTS_WIDTH = 3  # every setting below scores runs of at most 3 sentences
 SETTINGS = {
     "default": QascParams(),  # whatever the current defaults are
@@ -79,8 +80,11 @@ def synthetic_batch(q: int, length: int, seed: int = 0, device: str | torch.devi
         dots[i] = neighbour_dots(row, DOTS_WIDTH)
         for kind in ("paragraph", "section"):  # each row taken as one document
             blocks[f"{kind}_sizes"][i], blocks[f"{kind}_norms"][i] = block_stats(row, ids[kind][i])
+    # the heading context's boost: one value per section (its heading path's match), about +-0.1
+    per_section = 0.1 * torch.randn(q, length + 1, generator=g)
+    boost = torch.where(valid, per_section.gather(1, ids["section"].clamp(min=0)), torch.zeros_like(sims))
     out = {"sims": torch.where(valid, sims, torch.zeros_like(sims)), "valid": valid, **ids, "n_tokens": tokens,
-           "dots": dots, **blocks}
+           "dots": dots, **blocks, "boost": boost}
     return {k: v.to(device) for k, v in out.items()}
 
 
@@ -89,7 +93,8 @@ def run(batch: dict[str, torch.Tensor], params: QascParams, ops=None, rows: int 
 
     b = batch if rows is None else {k: v[:rows] for k, v in batch.items()}
     return run_qasc(b["sims"], b["valid"], b["region"], b["paragraph"], b["section"], b["n_tokens"], params, ops=ops,
-                    dots=b["dots"], blocks={k: (b[f"{k}_sizes"], b[f"{k}_norms"]) for k in ("paragraph", "section")})
+                    dots=b["dots"], blocks={k: (b[f"{k}_sizes"], b[f"{k}_norms"]) for k in ("paragraph", "section")},
+                    boost=b["boost"])
 
 
 def estimate_peak(batch, params, device) -> int:
