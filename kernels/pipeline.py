@@ -95,16 +95,14 @@ def run_qasc(
     if p.extent == "pooled":
         if dots is None:
             raise ValueError("extent='pooled' needs the neighbour dots (Q, L, W) of the sentence vectors")
-        if boost is not None and p.boost_runs_once:
-            runs = ops.pooled_extent_scores(plain, dots, valid, window_keys, seeds, p.max_extent, p.extent_penalty,
-                                            boost)
-        else:
-            runs = ops.pooled_extent_scores(sims, dots, valid, window_keys, seeds, p.max_extent, p.extent_penalty)
+        once = boost is not None and p.boost_runs_once
+        runs = ops.pooled_extent_scores(plain if once else sims, dots, valid, window_keys, seeds, p.max_extent,
+                                        p.extent_penalty, boost if once else None)
         if p.length_bonus:  # a run of n sentences gains length_bonus * ln(n): one constant per slot
             n = torch.arange(1, p.max_extent + 1, dtype=runs.dtype, device=runs.device)
             runs = runs + p.length_bonus * torch.log(n)
         lengths = None  # slot m: the run of m + 1 sentences
-        if p.block_kinds:
+        if p.block_kinds and (boost is not None or not p.blocks_need_heading):  # else no block is a candidate
             runs, lengths = _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seeds, n_tokens,
                                          p, blocks, ops, boost)
         pick_id, seed_values = ops.pick_extents(runs, p.max_picks, p.score_margin, lengths)
@@ -183,7 +181,7 @@ def _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seed
     """runs (Q, L, M) -> scores (Q, L, M + B) float, lengths (Q, L, M + B) int64: the whole paragraphs and/or
     sections longer than the longest run as extra candidate slots (B = 1 or 2), with their length bonus. With
     p.blocks_need_heading, only the blocks whose first row the heading context lifts (boost (Q, L) > 0) are
-    candidates, and none without a boost."""
+    candidates (the caller skips the block slots when there is no boost)."""
     ids = {"paragraph": paragraph_ids, "section": section_ids}
     q, length, m = runs.shape
     out = runs.new_empty((q, length, m + len(p.block_kinds)))
@@ -199,7 +197,7 @@ def _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seed
                                               p.max_tokens)
         longer = size > p.max_extent  # the blocks (few) longer than the longest run
         if p.blocks_need_heading:  # the question must match the block's heading better than the typical one
-            longer &= boost > 0 if boost is not None else torch.zeros_like(longer)
+            longer &= boost > 0
         row, at = longer.nonzero().unbind(1)
         n = size[row, at]
         value = score[row, at]
