@@ -20,6 +20,10 @@ class EmbedderConfig:
     batch_tokens: int | None = None  # padded tokens per batch (None: 1024 on CPU, 262144 on GPU)
 
 
+MAX_DEPTH = 10_000  # hits per query: candidate rows grow as depth x (2 neighbourhood + 1) per query
+MAX_NEIGHBOURHOOD = 1_000
+
+
 @dataclass(frozen=True)
 class RetrievalConfig:
     """Hybrid path: FAISS pre-retrieval, then QASC over neighbourhoods around the hits."""
@@ -31,10 +35,10 @@ class RetrievalConfig:
     neighbourhood: int = 2  # candidate region = hit +- this many sentences (merged when they touch)
 
     def __post_init__(self) -> None:
-        if self.depth < 1:
-            raise ValueError(f"depth must be >= 1, got {self.depth}")
-        if self.neighbourhood < 0:
-            raise ValueError(f"neighbourhood must be >= 0, got {self.neighbourhood}")
+        if not 1 <= self.depth <= MAX_DEPTH:
+            raise ValueError(f"depth must be in [1, {MAX_DEPTH}], got {self.depth}")
+        if not 0 <= self.neighbourhood <= MAX_NEIGHBOURHOOD:
+            raise ValueError(f"neighbourhood must be in [0, {MAX_NEIGHBOURHOOD}], got {self.neighbourhood}")
 
 
 @dataclass(frozen=True)

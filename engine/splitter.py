@@ -22,6 +22,10 @@ HEADING = re.compile(r"(?:#{1,6}\s+\S.*|\s*=+ [^\n]* =+\s*)$")
 BLANK_LINE = re.compile(r"\n[ \t]*\n")
 MD_HEADING = re.compile(r"(#{1,6})[ \t]+(.+?)[ \t#]*$")  # level = the #s; title without closing #s
 WIKI_HEADING = re.compile(r"\s*((?:=+[ \t]+)+)(.*?)(?:[ \t]+=+)+\s*$")  # "== X ==" and WikiText's "= = X = ="
+SETEXT_UNDERLINE = re.compile(r"[ ]{0,3}(=+|-+)[ \t]*$")  # "Title" over "=====" (level 1) or "-----" (level 2)
+SETEXT_TITLE_MAX = 200  # characters: a longer line over a rule is a paragraph over a thematic break
+FENCE = re.compile(r"^[ ]{0,3}(`{3,}|~{3,})", re.MULTILINE)  # a fenced code block's opening / closing line
+LONE_CR = re.compile(r"\r(?!\n)")
 PATH_LEVELS = 2  # a heading path joins the outermost two headings in force
 PATH_SEP = " > "
 
@@ -59,30 +63,70 @@ def _punkt(language: str, line_breaks: str):
     return punkt.tokenizer_for(language, prefixes=True, line_breaks=line_breaks)
 
 
+def layout_text(text: str) -> str:
+    """text -> a copy of the same length that the block and sentence rules read: old-Mac line ends (a lone
+    "\r") become "\n" and a leading byte-order mark becomes "\n", so that offsets into it are offsets into
+    the text itself (sentences are still sliced from the text as given)."""
+    if "\r" in text:
+        text = LONE_CR.sub("\n", text)
+    if text.startswith("\ufeff"):
+        text = "\n" + text[1:]
+    return text
+
+
+def _fences(text: str) -> list[tuple[int, int]]:
+    """Fenced code blocks (```/~~~ up to the closing fence of the same character, or the end) as character
+    spans: a '#' or '= x =' line inside one is code, not a heading."""
+    spans = []
+    opened: tuple[int, str] | None = None
+    for m in FENCE.finditer(text):
+        mark = m.group(1)
+        if opened is None:
+            opened = (m.start(), mark)
+        elif mark[0] == opened[1][0] and len(mark) >= len(opened[1]):
+            spans.append((opened[0], m.end()))
+            opened = None
+    if opened is not None:
+        spans.append((opened[0], len(text)))
+    return spans
+
+
 def _blocks(text: str) -> list[tuple[int, int, bool]]:
-    """Paragraph blocks as (start, end, is_heading) character spans, in order."""
+    """Paragraph blocks as (start, end, is_heading) character spans, in order (text: a `layout_text`)."""
+    fences = _fences(text) if "``" in text or "~~" in text else []
     blocks: list[tuple[int, int, bool]] = []
     pos = 0
     for match in BLANK_LINE.finditer(text):
-        blocks.extend(_heading_blocks(text, pos, match.start()))
+        blocks.extend(_heading_blocks(text, pos, match.start(), fences))
         pos = match.end()
-    blocks.extend(_heading_blocks(text, pos, len(text)))
+    blocks.extend(_heading_blocks(text, pos, len(text), fences))
     return blocks
 
 
-def _heading_blocks(text: str, start: int, end: int) -> list[tuple[int, int, bool]]:
-    """Split one blank-line block further so that each heading line is a block of its own."""
+def _heading_blocks(text: str, start: int, end: int, fences: list[tuple[int, int]]) -> list[tuple[int, int, bool]]:
+    """Split one blank-line block further so that each heading line (outside fenced code) is a block of its own;
+    a setext heading (a one-line paragraph over a line of '=' or '-') is one block of both lines."""
     out: list[tuple[int, int, bool]] = []
     cur = start
     line_start = start
     while line_start < end:
         nl = text.find("\n", line_start, end)
         line_end = end if nl < 0 else nl
-        if HEADING.match(text, line_start, line_end) and text[line_start:line_end].strip():
+        heading_end = -1
+        if text[line_start:line_end].strip() and not any(a <= line_start < b for a, b in fences):
+            if HEADING.match(text, line_start, line_end):
+                heading_end = line_end
+            elif cur == line_start and nl >= 0 and line_end - line_start <= SETEXT_TITLE_MAX:
+                under_end = text.find("\n", nl + 1, end)
+                under_end = end if under_end < 0 else under_end
+                if SETEXT_UNDERLINE.match(text, nl + 1, under_end) and not text[line_start:line_end].lstrip(
+                        ).startswith(("-", "=", "|", ">")):
+                    heading_end = under_end
+        if heading_end >= 0:
             if cur < line_start:
                 out.append((cur, line_start, False))
-            out.append((line_start, line_end, True))
-            cur = line_end
+            out.append((line_start, heading_end, True))
+            cur = line_end = heading_end
         line_start = line_end + 1
     if cur < end:
         out.append((cur, end, False))
@@ -92,9 +136,13 @@ def _heading_blocks(text: str, start: int, end: int) -> list[tuple[int, int, boo
 def heading_title(line: str) -> tuple[int, str] | None:
     """One heading line (a block the splitter marks as heading) -> (level, title), None if it has no title.
 
-    Markdown: level = the number of leading '#', title without the closing '#'s. Wikitext: level = the number
+    Markdown: level = the number of leading '#', title without the closing '#'s; setext ("Title" over a line of
+    '=' / '-'): level 1 / 2. Wikitext: level = the number
     of leading '=' ("== X ==" and WikiText-103's spaced "= = X = =" are both level 2)."""
     line = line.strip()
+    title, _, under = line.partition("\n")
+    if under and SETEXT_UNDERLINE.match(under.strip()) and title.strip():
+        return (1 if under.strip()[0] == "=" else 2), title.strip()
     m = MD_HEADING.match(line)
     if m:
         return len(m.group(1)), m.group(2).strip()
@@ -119,9 +167,11 @@ def heading_paths(text: str, char_start: np.ndarray, wikitext: bool = False) -> 
     path_of_heading: list[int] = []
     paths: dict[str, int] = {}
     stack: dict[int, str] = {}
+    text = layout_text(text)
     for b_start, b_end, is_heading in _blocks(text):
         parsed = heading_title(text[b_start:b_end]) if is_heading else None
-        if parsed is None or (not wikitext and not MD_HEADING.match(text[b_start:b_end].strip())):
+        markdown = MD_HEADING.match(text[b_start:b_end].strip()) or "\n" in text[b_start:b_end].strip()  # # or setext
+        if parsed is None or (not wikitext and not markdown):
             continue
         level, title = parsed
         stack = {k: v for k, v in stack.items() if k < level}
@@ -160,7 +210,8 @@ def trim_span(text: str, start: int, end: int) -> tuple[int, int]:
 
 
 def split_sentences(text: str, doc_id: str = "doc", config: SplitterConfig | None = None) -> Sentences:
-    """text -> Sentences with text[char_start[i]:char_end[i]] the i-th sentence, stripped of whitespace."""
+    """text -> Sentences with text[char_start[i]:char_end[i]] the i-th sentence, stripped of whitespace (and
+    of a leading byte-order mark; lone "\r" line ends count as line ends)."""
     config = config or SplitterConfig()
     tokenizer = _punkt(config.language, config.line_breaks)
     starts: list[int] = []
@@ -168,6 +219,7 @@ def split_sentences(text: str, doc_id: str = "doc", config: SplitterConfig | Non
     paragraphs: list[int] = []
     sections: list[int] = []
     paragraph = section = -1
+    original, text = text, layout_text(text)
     for b_start, b_end, is_heading in _blocks(text):
         block = text[b_start:b_end]
         if not block.strip():
@@ -186,7 +238,7 @@ def split_sentences(text: str, doc_id: str = "doc", config: SplitterConfig | Non
                     sections.append(section)
     return Sentences(
         doc_id=doc_id,
-        text=text,
+        text=original,
         char_start=np.asarray(starts, dtype=np.int64),
         char_end=np.asarray(ends, dtype=np.int64),
         paragraph=np.asarray(paragraphs, dtype=np.int32),

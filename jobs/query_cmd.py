@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from engine.errors import QascError
-from engine.query import DEFAULT_SLICE_SIZE
+from engine.query import DEFAULT_SLICE_SIZE, MAX_QUERY_CHARS
 from jobs.devices import add_device_argument
 from jobs.params_cli import add_qasc_arguments, params_from_args
 from jobs.query_ray import DEFAULT_WORKERS
@@ -38,6 +38,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_qasc_arguments(p)
 
 
+def _csv_header(src: Path) -> list[str]:
+    """The column names of a CSV file's first row ([] for an empty file)."""
+    import csv
+
+    with open(src, newline="", encoding="utf-8-sig", errors="replace") as f:
+        return next(csv.reader(f), [])
+
+
+def _read_jsonl(src: Path, path: str) -> tuple[dict[str, list], list[str]]:
+    """One JSON object per line (blank lines skipped) -> (the values of its id / question / query keys, as
+    written: ids of mixed types are fine, each is turned into text by `_id_text`; every key seen)."""
+    import json
+
+    columns: dict[str, list] = {}
+    seen: dict[str, None] = {}
+    n = 0
+    with open(src, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise QascError(f"{path}: line {line_no} is not JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise QascError(f"{path}: line {line_no} is not a JSON object")
+            seen.update(dict.fromkeys(obj))
+            for key in ("id", "question", "query"):
+                if key in obj:
+                    columns.setdefault(key, [None] * n).append(obj[key])
+            n += 1
+            for values in columns.values():
+                values.extend([None] * (n - len(values)))
+    return columns, list(seen)
+
+
+def _id_text(value: object, path: str, row: int) -> str:
+    """An `id` value as text: strings verbatim, integers in decimal, JSON true/false/null refused."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or value is None:
+        raise QascError(f"{path}: row {row} has no usable id ({value!r}); ids are text or integers")
+    return str(value)
+
+
 def read_queries(path: str) -> tuple[list[str], list[str]]:
     """A queries file (or '-' for stdin lines) -> (ids, questions)."""
     if path == "-":
@@ -48,43 +93,57 @@ def read_queries(path: str) -> tuple[list[str], list[str]]:
         raise QascError(f"queries file not found: {path}")
     try:
         if src.suffix == ".csv":
+            import pyarrow as pa
             import pyarrow.csv as pacsv
 
-            table = pacsv.read_csv(src)
+            # ids and questions as written: no type inference ("007" stays "007", "NA" stays "NA")
+            found = _csv_header(src)
+            text = {c: pa.string() for c in ("id", "question", "query") if c in found}
+            table = pacsv.read_csv(src, convert_options=pacsv.ConvertOptions(column_types=text,
+                                                                            strings_can_be_null=False))
+            columns = {c: table.column(c).to_pylist() for c in text}
         elif src.suffix == ".jsonl":
-            import pyarrow.json as pajson
-
-            table = pajson.read_json(src)
+            columns, found = _read_jsonl(src, path)
         elif src.suffix == ".parquet":
             import pyarrow.parquet as pq
 
             table = pq.read_table(src)
+            found = table.column_names
+            columns = {c: table.column(c).to_pylist() for c in ("id", "question", "query") if c in found}
         else:
             raise QascError(f"{path}: unsupported queries format {src.suffix!r}; use .csv, .jsonl or .parquet")
     except QascError:
         raise
     except Exception as exc:  # pyarrow raises several types for malformed files
         raise QascError(f"{path}: cannot read queries: {str(exc).splitlines()[0]}") from exc
-    column = "question" if "question" in table.column_names else "query" if "query" in table.column_names else None
+    column = "question" if "question" in columns else "query" if "query" in columns else None
     if column is None:
-        raise QascError(f"{path}: no `question` or `query` column (columns: {', '.join(table.column_names)})")
-    questions = table.column(column).to_pylist()
-    for i, q in enumerate(questions):
-        if not isinstance(q, str) or not q.strip():
-            raise QascError(f"{path}: row {i} has an empty question")
-    if "id" in table.column_names:
-        ids = [str(x) for x in table.column("id").to_pylist()]
+        raise QascError(f"{path}: no `question` or `query` column (columns: {', '.join(found) or 'none'})")
+    questions = columns[column]
+    if "id" in columns:
+        ids = [_id_text(x, path, i) for i, x in enumerate(columns["id"])]
         if len(set(ids)) != len(ids):
             raise QascError(f"{path}: duplicate values in the `id` column")
     else:
         ids = [str(i) for i in range(len(questions))]
+    for i, q in enumerate(questions):
+        where = f"{path}: row {i} (id {ids[i]!r})"
+        if q is not None and not isinstance(q, str):
+            raise QascError(f"{where}: the {column} is a {type(q).__name__} ({q!r}), not text")
+        if not q or not q.strip():
+            raise QascError(f"{where} has an empty {column}")
+        if len(q) > MAX_QUERY_CHARS:
+            raise QascError(f"{where}: the {column} has {len(q):,} characters; the limit is {MAX_QUERY_CHARS:,}")
     if not questions:
         raise QascError(f"{path}: no questions")
     return ids, questions
 
 
 def run(args: argparse.Namespace) -> int:
+    from engine.config import EngineConfig
+    from engine.embedder import resolve_device
     from engine.query import Engine
+    from engine.store import read_manifest
 
     if args.question is not None:
         if not args.question.strip():
@@ -94,22 +153,28 @@ def run(args: argparse.Namespace) -> int:
         ids, questions = read_queries(args.queries)
     if args.batch_size < 1:
         raise QascError(f"--batch-size must be >= 1, got {args.batch_size}")
+    ray = bool(args.ray or args.ray_address)
+    if ray and args.nprobe is not None:
+        raise QascError("--nprobe applies to the local path only (Ray actors open the store with its own nprobe)")
+    if ray and args.workers < 1:
+        raise QascError(f"--workers must be >= 1, got {args.workers}")
+    if not ray:  # a Ray job's actors resolve --device on their own nodes (the driver may have no GPU)
+        try:
+            resolve_device(args.device)
+        except ValueError as exc:
+            raise QascError(f"--device: {exc}") from None
+    # every flag checked against the store's settings before the model loads or anything is written
+    stored = EngineConfig.from_dict(read_manifest(args.store).get("config", {}))
+    params, retrieval = params_from_args(args, stored.qasc, stored.retrieval)
     writer = ResultWriter(args.out) if args.out else None  # checks --out before any work
     started = time.perf_counter()
-    if (args.ray or args.ray_address) and args.nprobe is not None:
-        raise QascError("--nprobe applies to the local path only (Ray actors open the store with its own nprobe)")
-    if args.ray or args.ray_address:
-        from engine.config import EngineConfig
-        from engine.store import read_manifest
+    if ray:
         from jobs.query_ray import run_query_job
 
-        stored = EngineConfig.from_dict(read_manifest(args.store).get("config", {}))  # the actors open the store
-        params, retrieval = params_from_args(args, stored.qasc, stored.retrieval)
         batches = run_query_job(args.store, ids, questions, params, retrieval, workers=args.workers,
                                 ray_address=args.ray_address, device=args.device, slice_size=args.batch_size)
     else:
         engine = Engine.open(args.store, device=args.device, nprobe=args.nprobe)
-        params, retrieval = params_from_args(args, engine.config.qasc, engine.config.retrieval)
         batches = engine.query_stream(questions, ids, params, retrieval, slice_size=args.batch_size)
     if writer is not None:  # results go to the file slice by slice: memory does not grow with the queries
         with writer:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 
 SCORE_RULES = ("seed_sim", "window_max", "window_mean")
 SNAP_RULES = ("none", "paragraph", "section")
 EXTENT_RULES = ("window", "pooled")
 BLOCK_RULES = ("none", "paragraph", "section", "both")
+MAX_EXTENT_LIMIT = 64  # pooled runs are scored for every length up to max_extent: (Q, L, max_extent) per batch
+FLOAT_FIELDS = ("percentile", "threshold", "margin", "extent_penalty", "decay", "factor", "score_margin",
+                "far_margin", "length_bonus", "context_weight", "heading_residual")
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,10 @@ class QascParams:
     blocks_need_heading: bool = True
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = [f"{name} must be a finite number, got {getattr(self, name)}" for name in FLOAT_FIELDS
+                    if getattr(self, name) is not None and not math.isfinite(getattr(self, name))]
+        if problems:  # nan passes every comparison below: refuse it before they run
+            raise ValueError("; ".join(problems))
         if not 0.0 <= self.percentile <= 100.0:
             problems.append(f"percentile must be in [0, 100], got {self.percentile}")
         if self.min_seeds < 0:
@@ -93,8 +100,8 @@ class QascParams:
             problems.append(f"snap must be one of {SNAP_RULES}, got {self.snap!r}")
         if self.extent not in EXTENT_RULES:
             problems.append(f"extent must be one of {EXTENT_RULES}, got {self.extent!r}")
-        if self.max_extent < 1:
-            problems.append(f"max_extent must be >= 1, got {self.max_extent}")
+        if not 1 <= self.max_extent <= MAX_EXTENT_LIMIT:
+            problems.append(f"max_extent must be in [1, {MAX_EXTENT_LIMIT}], got {self.max_extent}")
         if self.extent_penalty < 0:
             problems.append(f"extent_penalty must be >= 0, got {self.extent_penalty}")
         if self.max_picks < 1:

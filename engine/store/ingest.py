@@ -40,6 +40,7 @@ from engine.store.manifest import (
     Staging,
     build_manifest,
     check_compatible,
+    check_sizes,
     existing_manifest,
     id_hashes,
     now,
@@ -189,6 +190,7 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
     splitter_desc = {**config.splitter.describe(), "max_sentence_tokens": settings.max_sentence_tokens}
     if old:
         check_compatible(old, root, name, fingerprint, splitter_desc, dtype_store)
+        check_sizes(root, old)  # never append to a store whose committed files are missing or cut
 
     # plan from sizes: no document is read here; what needs the content is checked by the workers, and ids
     # across units / against the store by on_shard below, all before the manifest is written

@@ -79,6 +79,17 @@ def read_manifest(path: str | Path) -> dict:
     return manifest
 
 
+def check_sizes(root: Path, manifest: dict) -> None:
+    """QascError naming the first file of the manifest that is missing or not its recorded size."""
+    for rel, digest in manifest["checksums"].items():
+        path = root / rel
+        if not path.exists():
+            raise QascError(f"{path}: missing store file")
+        if path.stat().st_size != digest["bytes"]:
+            raise QascError(f"{path}: {path.stat().st_size} bytes, the manifest says {digest['bytes']} "
+                            f"(truncated or replaced)")
+
+
 def existing_manifest(path: str | Path) -> dict | None:
     """The manifest of an existing store, None for a new (absent or empty, or never finished) folder."""
     root = Path(path).expanduser()
@@ -94,6 +105,14 @@ def existing_manifest(path: str | Path) -> dict | None:
     if strangers:
         raise QascError(f"--store {root}: folder exists and is not a QASC store (no {MANIFEST}; holds "
                         f"{', '.join(sorted(strangers)[:3])}); use a new or empty folder")
+    if not (root / STAGING).exists():  # no ingest to resume: store files without a manifest are a damaged store
+        held = [p for p in root.iterdir() if re.fullmatch(r"index-\d+\.faiss", p.name)]
+        held += [f for d in (DOCUMENTS_DIR, SENTENCES_DIR, HEADINGS_DIR) if (root / d).is_dir()
+                 for f in (root / d).iterdir()]
+        if held:
+            raise QascError(f"--store {root}: holds store files ({held[0].relative_to(root)}, ...) but no {MANIFEST} "
+                            f"and no unfinished ingest: a damaged store, left as it is; restore its {MANIFEST} or "
+                            f"use a new or empty folder")
     return None
 
 

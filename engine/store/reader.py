@@ -23,7 +23,7 @@ from engine.config import EngineConfig
 from engine.errors import QascError
 from engine.store import index as faiss_index
 from engine.store.files import read_table
-from engine.store.manifest import read_manifest
+from engine.store.manifest import check_sizes, read_manifest
 from engine.store.schema import DOCUMENTS_SCHEMA, STORE_DTYPES, embeddings_of, headings_schema, sentences_schema
 from engine.types import Headings, Sentences
 from kernels.ivf_scan import ivf_sq8_topk
@@ -116,16 +116,6 @@ def merge_headings(heads: list[Headings], dim: int) -> Headings:
         rows.append(remap[h.rows])
     emb = np.stack(vecs).astype(np.float32) if vecs else np.zeros((0, dim), np.float32)
     return Headings(list(ids), np.concatenate(rows) if rows else np.zeros(0, np.int32), emb)
-
-
-def check_sizes(root: Path, manifest: dict) -> None:
-    for rel, digest in manifest["checksums"].items():
-        path = root / rel
-        if not path.exists():
-            raise QascError(f"{path}: missing store file")
-        if path.stat().st_size != digest["bytes"]:
-            raise QascError(f"{path}: {path.stat().st_size} bytes, the manifest says {digest['bytes']} "
-                            f"(truncated or replaced)")
 
 
 class Store:

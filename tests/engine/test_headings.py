@@ -43,6 +43,44 @@ def test_heading_paths_follow_the_outermost_two_markdown_headings():
     assert heading_paths("no headings at all. none.", np.array([0, 20]))[1].tolist() == [-1, -1]
 
 
+def _paths_by_sentence(text):
+    sents = split_sentences(text)
+    paths, ids = heading_paths(text, sents.char_start)
+    assert all(text[a:b] == t for a, b, t in zip(sents.char_start, sents.char_end, sents.texts(), strict=True))
+    return {t: (paths[i] if i >= 0 else None) for t, i in zip(sents.texts(), ids, strict=True)}
+
+
+def test_hash_lines_inside_fenced_code_are_not_headings():
+    doc = "# Code\n\nRun this:\n\n```python\n# not a heading\n\nx = 1\n```\n\nAfter the block.\n\n~~~\n## nor this\n"
+    got = _paths_by_sentence(doc)
+    assert got["After the block."] == "Code"
+    assert got["# not a heading"] == "Code"
+    assert got["## nor this"] == "Code"  # an unclosed fence runs to the end
+    assert split_sentences(doc).section.max() == 0  # one section: the fence opens none
+
+
+def test_old_mac_line_ends_and_a_byte_order_mark():
+    doc = "Old Mac\r\rLine one.\rLine two.\r\r# Part\rBody text.\r"
+    got = _paths_by_sentence(doc)
+    assert got == {"Old Mac": None, "Line one.": None, "Line two.": None, "# Part": "Part", "Body text.": "Part"}
+    bom = "\ufeff# BOM Title\n\nFirst sentence here.\n"
+    got = _paths_by_sentence(bom)
+    assert got == {"# BOM Title": "BOM Title", "First sentence here.": "BOM Title"}
+    assert split_sentences(bom).char_start[0] == 1  # the mark is not part of the first sentence
+
+
+def test_setext_headings():
+    doc = ("Privacy policy\n==============\n\nWe collect data.\n\nCookies\n-------\nCookies are small files.\n\n"
+           "A paragraph of two lines,\nover a rule:\n---\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    assert heading_title("Cookies\n-------") == (2, "Cookies")
+    got = _paths_by_sentence(doc)
+    assert got["We collect data."] == "Privacy policy"
+    assert got["Cookies are small files."] == "Privacy policy > Cookies"
+    assert got["over a rule:"] == got["---"] == "Privacy policy > Cookies"  # two lines over a rule: no heading
+    assert got["|---|---|"] == "Privacy policy > Cookies"  # a table's separator row is no underline
+    assert split_sentences(doc).section.max() == 1
+
+
 def test_store_keeps_heading_paths_per_shard(tmp_path, tiny_model):
     docs = {"a": DOC, "b": DOC.replace("a.com", "b.com"), "plain": "Just text. Nothing else."}
     src = write_corpus(tmp_path / "src", docs)

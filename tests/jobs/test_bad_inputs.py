@@ -177,7 +177,8 @@ ELSEWHERE = {  # rows of the table covered by tests in other files
     "table-id-in-store": "tests/engine/test_ingest_table.py::test_append_and_duplicates_against_the_store",
     "dataframe-unconvertible": "tests/engine/test_ingest_table.py::test_bad_dataframe",
 }
-API_CASES = ["nan-embeddings", "disk-full", "query-model"]  # the test functions below
+API_CASES = ["nan-embeddings", "disk-full", "query-model", "store-without-manifest",  # the test functions below
+             "append-to-damaged-store"]
 
 
 def tree_digest(path: Path) -> dict[str, str]:
@@ -268,3 +269,37 @@ def test_table_matches_the_tests():
     for name in API_CASES:
         assert f"test_{name.replace('-', '_')}" in globals()
     assert json.dumps(ELSEWHERE)
+
+
+def _ingest_cli(store: Path, tmp: Path, tiny_model: str, capsys) -> tuple[int, str]:
+    code = main(["ingest", "--local", "--model", tiny_model, "--store", str(store), text(tmp, "in/new.md", GOOD)])
+    return code, capsys.readouterr().err.strip()
+
+
+def test_store_without_manifest(tmp_path, base_store, tiny_model, capsys):
+    """Store files without a manifest and without an ingest to resume: refused, not overwritten."""
+    store = tmp_path / "store"
+    shutil.copytree(base_store, store)
+    (store / "manifest.json").unlink()
+    before = tree_digest(store)
+    code, err = _ingest_cli(store, tmp_path, tiny_model, capsys)
+    assert code == 2 and err.count("\n") == 0
+    assert re.search(r"holds store files \(.*\) but no manifest\.json and no unfinished ingest: a damaged store", err)
+    assert tree_digest(store) == before
+
+
+@pytest.mark.parametrize("damage", ["delete", "truncate"])
+def test_append_to_damaged_store(tmp_path, base_store, tiny_model, capsys, damage):
+    store = tmp_path / "store"
+    shutil.copytree(base_store, store)
+    shard = sorted((store / "sentences").glob("*.parquet"))[0]
+    if damage == "delete":
+        shard.unlink()
+    else:
+        shard.write_bytes(shard.read_bytes()[:100])
+    before = tree_digest(store)
+    code, err = _ingest_cli(store, tmp_path, tiny_model, capsys)
+    assert code == 2 and err.count("\n") == 0
+    assert ("missing store file" if damage == "delete" else "(truncated or replaced)") in err, err
+    assert tree_digest(store) == before
+

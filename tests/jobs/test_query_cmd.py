@@ -52,6 +52,12 @@ def test_cli_query_jsonl_and_parquet(demo_store, tmp_path, capsys):
         (["--depth", "0"], "depth"),
         (["--question", "   "], "empty"),
         (["--out", "answers.csv"], ".jsonl or .parquet"),
+        (["--score-margin", "nan"], "score_margin must be a finite number, got nan"),
+        (["--decay", "inf"], "decay must be a finite number, got inf"),
+        (["--max-extent", "1000000000"], "max_extent must be in [1, 64], got 1000000000"),
+        (["--neighbourhood", "1000000000"], "neighbourhood must be in [0, 1000], got 1000000000"),
+        (["--device", "tpu"], "--device: unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
+        (["--device", "cuda:abc"], "--device: unknown device 'cuda:abc'"),
     ],
 )
 def test_cli_query_rejects_bad_parameters(demo_store, tmp_path, capsys, argv, message):
@@ -60,8 +66,15 @@ def test_cli_query_rejects_bad_parameters(demo_store, tmp_path, capsys, argv, me
     base = ["query", "--store", str(demo_store)]
     if "--question" not in argv:
         base += ["--question", "sourdough"]
+    out = tmp_path / "answers.jsonl"
+    if "--out" not in argv:
+        out.write_text("kept\n")
+        base += ["--out", str(out)]
     assert main(base + argv) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    if "--out" not in argv:
+        assert out.read_text() == "kept\n"  # a refused command leaves a previous result file alone
 
 
 def test_cli_query_rejects_bad_queries_file(demo_store, tmp_path, capsys):
