@@ -63,8 +63,14 @@ def chunk(
 ) -> list[list[Chunk]]:
     """One document, many queries -> per query, its query-adapted chunks in rank order."""
     config = config or EngineConfig()
-    if any(not isinstance(x, str) or not x.strip() for x in queries):
-        raise ValueError("every query must be a non-empty string")
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    if isinstance(queries, str):
+        raise TypeError("queries must be a list of strings, got one str; pass [question]")
+    queries = list(queries)  # a generator is read once
+    for i, x in enumerate(queries):
+        if not isinstance(x, str) or not x.strip():
+            raise ValueError(f"every query must be a non-empty string; query {i} is {x!r}")
     embedder = embedder or embedder_from(config)
     sents, sent_emb = prepare(text, embedder, config, doc_id)
     query_emb = torch.from_numpy(embedder.encode(list(queries)))

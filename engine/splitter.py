@@ -26,6 +26,7 @@ SETEXT_UNDERLINE = re.compile(r"[ ]{0,3}(=+|-+)[ \t]*$")  # "Title" over "====="
 SETEXT_TITLE_MAX = 200  # characters: a longer line over a rule is a paragraph over a thematic break
 FENCE = re.compile(r"^[ ]{0,3}(`{3,}|~{3,})", re.MULTILINE)  # a fenced code block's opening / closing line
 LONE_CR = re.compile(r"\r(?!\n)")
+CJK_END = re.compile(r"[。！？]+[」』）〕】”’]*")  # a full-width sentence end and what closes after it
 PATH_LEVELS = 2  # a heading path joins the outermost two headings in force
 PATH_SEP = " > "
 
@@ -65,10 +66,11 @@ def _punkt(language: str, line_breaks: str):
 
 def layout_text(text: str) -> str:
     """text -> a copy of the same length that the block and sentence rules read: old-Mac line ends (a lone
-    "\r") become "\n" and a leading byte-order mark becomes "\n", so that offsets into it are offsets into
-    the text itself (sentences are still sliced from the text as given)."""
+    "\r") become "\n", the "\r" of a Windows "\r\n" a space (so "\r\n\r\n" is a blank line like "\n\n") and
+    a leading byte-order mark "\n", so that offsets into it are offsets into the text itself (sentences are
+    still sliced from the text as given)."""
     if "\r" in text:
-        text = LONE_CR.sub("\n", text)
+        text = LONE_CR.sub("\n", text).replace("\r", " ")
     if text.startswith("\ufeff"):
         text = "\n" + text[1:]
     return text
@@ -200,6 +202,21 @@ def _cut_long(text: str, start: int, end: int, max_chars: int) -> list[tuple[int
     return pieces
 
 
+def _cjk_pieces(block: str, start: int, end: int) -> list[tuple[int, int]]:
+    """[start, end) of one Punkt sentence -> pieces cut after each full-width sentence end (。！？ and any
+    closing quotes or brackets after it): Punkt's models do not know them, so Chinese or Japanese text would
+    otherwise be one sentence per line."""
+    if not CJK_END.search(block, start, end):
+        return [(start, end)]
+    pieces = []
+    for m in CJK_END.finditer(block, start, end):
+        if m.end() < end:
+            pieces.append((start, m.end()))
+            start = m.end()
+    pieces.append((start, end))
+    return pieces
+
+
 def trim_span(text: str, start: int, end: int) -> tuple[int, int]:
     """[start, end) shrunk until it neither starts nor ends with whitespace."""
     while start < end and text[start].isspace():
@@ -228,7 +245,7 @@ def split_sentences(text: str, doc_id: str = "doc", config: SplitterConfig | Non
         if is_heading or section < 0:
             section += 1
         spans = [(0, len(block))] if is_heading else tokenizer.span_tokenize(block)
-        for s, e in spans:
+        for s, e in (piece for span in spans for piece in _cjk_pieces(block, *span)):
             for ps, pe in _cut_long(text, b_start + s, b_start + e, config.max_chars):
                 ps, pe = trim_span(text, ps, pe)
                 if pe > ps:

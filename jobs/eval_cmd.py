@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+from pathlib import Path
 
 from engine.errors import QascError
 from jobs.devices import add_device_argument
@@ -58,10 +60,52 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap and the judge sample")
 
 
+OUR_OUTPUTS = ("report.md", "results.json")
+
+
+def check_out_dir(out: str) -> None:
+    """--out must be a new folder, an empty one, or one a previous `qasc eval` wrote (its results.json says so):
+    never a file, and never a folder whose report.md / results.json someone else wrote."""
+    path = Path(out).expanduser()
+    if not path.exists():
+        return
+    if not path.is_dir():
+        raise QascError(f"--out {out}: exists and is a file, not a folder")
+    found = [n for n in OUR_OUTPUTS if (path / n).exists()]
+    if not found:
+        return
+    try:
+        previous = json.loads((path / "results.json").read_text(encoding="utf-8"))
+        ours = isinstance(previous, dict) and {"config", "environment", "timings"} <= set(previous)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        ours = False
+    if not ours:
+        raise QascError(f"--out {out}: holds {' and '.join(found)} that `qasc eval` did not write; they would be "
+                        f"overwritten: use a new or empty folder")
+
+
 def run(args: argparse.Namespace) -> int:
     data = args.data or os.environ.get(DATA_ENV)
     if not data:
         raise QascError(f"--data is required (a Chroma-format folder), or set ${DATA_ENV}")
+    dirs = _names(data)
+    if not dirs:
+        raise QascError(f"--data names no folder: {data!r}")
+    names = [Path(d).name for d in dirs]
+    if len(set(names)) != len(names):
+        raise QascError(f"data sets must have distinct folder names, got {names}")
+    from jobs.eval.data import load_dataset
+
+    for d in dirs:  # every set read and checked (files, utf-8, rows, offsets) before the first one's work starts
+        load_dataset(d)
+    if not args.methods:
+        raise QascError("--methods names no method")
+    if args.bootstrap < 1:
+        raise QascError(f"--bootstrap must be >= 1, got {args.bootstrap}")
+    if args.judge_questions < 1:
+        raise QascError(f"--judge-questions must be >= 1, got {args.judge_questions}")
+    check_out_dir(args.out)
+    data = dirs[0] if len(dirs) == 1 else data
     cfg = EvalConfig(
         data_dir=data, out_dir=args.out,
         cache_dir=None if str(args.cache_dir).lower() == "none" else args.cache_dir,
@@ -70,7 +114,6 @@ def run(args: argparse.Namespace) -> int:
         judge_questions=args.judge_questions, n_boot=args.bootstrap, seed=args.seed, device=args.device,
         dtype=args.dtype, grid=args.grid, baseline_context=args.baseline_context,
     )
-    dirs = _names(data)
     if len(dirs) > 1:
         from jobs.eval.suite import run_suite
 

@@ -74,7 +74,13 @@ class QascQuery:
         for i, q in enumerate(questions):
             if not isinstance(q, str) or not q.strip():
                 raise QascError(f"QascQuery: empty question in row {i} of a batch ({q!r})")
-        ids = [str(x) for x in _column(batch, "id")] if "id" in names else list(questions)
+        ids = list(questions)
+        if "id" in names:
+            ids = []
+            for i, x in enumerate(_column(batch, "id")):
+                if x is None or isinstance(x, bool) or (isinstance(x, float) and x != x):
+                    raise QascError(f"QascQuery: row {i} of a batch has no usable id ({x!r})")
+                ids.append(str(x))
         import pyarrow as pa
 
         # one slice for the whole batch: one engine call, its memory set by map_batches' batch_size

@@ -68,13 +68,13 @@ class ChunkSource:
         return self.engine.query(list(questions), self.params, self.retrieval)
 
     def metadata(self, chunk: Chunk) -> dict:
-        """The chunk's position and score on top of its document's stored metadata (and source); on a
-        key clash the chunk's own fields win."""
+        """The chunk's source, position and score on top of its document's stored metadata; on a key clash
+        the chunk's own fields (source included) win."""
         i = self._doc_index[chunk.doc_id]
         store = self.engine.store
         return {
-            "source": store.sources[i],
             **store.metadata[i],
+            "source": store.sources[i],
             "doc_id": chunk.doc_id,
             "char_start": chunk.char_start,
             "char_end": chunk.char_end,

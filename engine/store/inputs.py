@@ -233,6 +233,8 @@ def _table_documents(table: pa.Table, label: str, opts: ReadOptions) -> list[Doc
                             f"ReadOptions(id_field=..., text_field=...)")
     if len(set(names)) != len(names):
         raise QascError(f"{label}: duplicate column names ({', '.join(names)})")
+    if table.num_rows == 0:  # an empty DataFrame's columns are float64: say what is wrong, not the type
+        raise QascError(f"{label}: empty collection (no records)")
     text_type = table.schema.field(opts.text_field).type
     if not (pa.types.is_string(text_type) or pa.types.is_large_string(text_type)):
         raise QascError(f"{label}: column {opts.text_field!r} must hold strings, got {text_type}")

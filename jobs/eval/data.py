@@ -80,8 +80,29 @@ class Dataset:
 
 
 def corpus_text(path: Path) -> str:
-    with open(path, encoding="utf-8", newline="") as fh:
-        return fh.read()
+    try:
+        with open(path, encoding="utf-8", newline="") as fh:
+            return fh.read()
+    except UnicodeDecodeError as exc:
+        raise QascError(f"{path}: not valid utf-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+                        f"the evaluation reads corpora as utf-8") from None
+
+
+def _reference_span(ref: object, where: str) -> tuple[int, int]:
+    """One entry of a `references` list -> (start_index, end_index); QascError naming the row when malformed."""
+    if not isinstance(ref, dict):
+        raise QascError(f"{where}: each reference must be a JSON object with start_index and end_index, got "
+                        f"{type(ref).__name__}")
+    try:
+        s, e = ref["start_index"], ref["end_index"]
+    except KeyError as exc:
+        raise QascError(f"{where}: a reference has no {exc.args[0]}") from None
+    if isinstance(s, bool) or isinstance(e, bool) or not isinstance(s, int | str) or not isinstance(e, int | str):
+        raise QascError(f"{where}: start_index / end_index must be integers, got {s!r}, {e!r}")
+    try:
+        return int(s), int(e)
+    except ValueError:
+        raise QascError(f"{where}: start_index / end_index must be integers, got {s!r}, {e!r}") from None
 
 
 def load_dataset(data_dir: str | Path, check_content: bool = True) -> Dataset:
@@ -92,12 +113,17 @@ def load_dataset(data_dir: str | Path, check_content: bool = True) -> Dataset:
     if not corpora_dir.is_dir() or not qfile.is_file():
         raise QascError(f"{root} is not a Chroma-format data set (needs corpora/ and questions.csv)")
     paths = [p for p in sorted(corpora_dir.iterdir()) if p.suffix in CORPUS_EXTENSIONS and p.is_file()]
+    stems: dict[str, Path] = {}
+    for p in paths:  # a corpus_id names a file by its stem: two files with one stem would be ambiguous
+        if p.stem in stems:
+            raise QascError(f"{corpora_dir}: {stems[p.stem].name} and {p.name} have the same corpus_id {p.stem!r}")
+        stems[p.stem] = p
     corpora = {p.stem: corpus_text(p) for p in paths}
     files = {p.stem: str(p) for p in paths}
     if not corpora:
         raise QascError(f"{corpora_dir} holds no .md/.txt corpus")
     questions = []
-    with open(qfile, encoding="utf-8", newline="") as fh:
+    with open(qfile, encoding="utf-8-sig", newline="") as fh:  # -sig: a spreadsheet's byte-order mark
         reader = csv.DictReader(fh)
         missing = {"question", "references", "corpus_id"} - set(reader.fieldnames or [])
         if missing:
@@ -111,10 +137,14 @@ def load_dataset(data_dir: str | Path, check_content: bool = True) -> Dataset:
                 refs = json.loads(row["references"])
             except json.JSONDecodeError as exc:
                 raise QascError(f"{where}: references is not JSON ({exc.msg})") from None
+            if not isinstance(refs, list):
+                raise QascError(f"{where}: references must be a JSON list, got {type(refs).__name__}")
+            if not (row["question"] or "").strip():
+                raise QascError(f"{where}: empty question")
             spans = []
             text = corpora[cid]
             for ref in refs:
-                s, e = int(ref["start_index"]), int(ref["end_index"])
+                s, e = _reference_span(ref, where)
                 if not 0 <= s < e <= len(text):
                     raise QascError(f"{where}: reference [{s}, {e}) falls outside {cid} ({len(text)} chars)")
                 if check_content and "content" in ref and text[s:e] != ref["content"]:
@@ -124,4 +154,6 @@ def load_dataset(data_dir: str | Path, check_content: bool = True) -> Dataset:
                 raise QascError(f"{where}: question without references")
             qtype = (row.get("type") or row.get("query_type") or "").strip() or None
             questions.append(Question(len(questions), row["question"], cid, tuple(spans), qtype))
+    if not questions:
+        raise QascError(f"{qfile}: no questions")
     return Dataset(root.name, str(root), corpora, tuple(questions), files)

@@ -63,6 +63,9 @@ def test_old_mac_line_ends_and_a_byte_order_mark():
     doc = "Old Mac\r\rLine one.\rLine two.\r\r# Part\rBody text.\r"
     got = _paths_by_sentence(doc)
     assert got == {"Old Mac": None, "Line one.": None, "Line two.": None, "# Part": "Part", "Body text.": "Part"}
+    crlf = "Alpha one.\r\n\r\nBeta two.\r\n# Part\r\nBody text.\r\n"
+    assert split_sentences(crlf).paragraph.tolist() == split_sentences(crlf.replace("\r", "")).paragraph.tolist()
+    assert _paths_by_sentence(crlf)["Body text."] == "Part"
     bom = "\ufeff# BOM Title\n\nFirst sentence here.\n"
     got = _paths_by_sentence(bom)
     assert got == {"# BOM Title": "BOM Title", "First sentence here.": "BOM Title"}
@@ -79,6 +82,14 @@ def test_setext_headings():
     assert got["over a rule:"] == got["---"] == "Privacy policy > Cookies"  # two lines over a rule: no heading
     assert got["|---|---|"] == "Privacy policy > Cookies"  # a table's separator row is no underline
     assert split_sentences(doc).section.max() == 1
+
+
+def test_full_width_sentence_ends():
+    doc = "# 标题\n\n第一句话。第二句话！「第三句？」最后\nAn English sentence. Another one."
+    sents = split_sentences(doc)
+    assert sents.texts() == ["# 标题", "第一句话。", "第二句话！", "「第三句？」", "最后", "An English sentence.",
+                             "Another one."]
+    assert all(doc[a:b] == t for a, b, t in zip(sents.char_start, sents.char_end, sents.texts(), strict=True))
 
 
 def test_store_keeps_heading_paths_per_shard(tmp_path, tiny_model):

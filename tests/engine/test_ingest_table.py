@@ -155,6 +155,8 @@ def test_bad_dataframe(tmp_path, config):
                      progress=False)
     with pytest.raises(QascError, match=r"table: no 'id' column"):
         ingest_table(pd.DataFrame({"text": ["One."]}), tmp_path / "store", config, progress=False)
+    with pytest.raises(QascError, match=r"table: empty collection \(no records\)"):  # its columns are float64
+        ingest_table(pd.DataFrame({"id": [], "text": []}), tmp_path / "store", config, progress=False)
     assert not (tmp_path / "store").exists()
 
 

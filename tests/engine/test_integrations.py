@@ -73,7 +73,7 @@ def meta_store(tmp_path_factory, tiny_model) -> Path:
     with open(root / "docs.jsonl", "w", encoding="utf-8") as f:
         for i, path in enumerate(sorted(DEMO_CORPUS.glob("*.md"))):
             f.write(json.dumps({"id": path.stem, "text": path.read_text(encoding="utf-8"), "title": path.stem.title(),
-                                "year": 2000 + i, "score": "stored"}) + "\n")
+                                "year": 2000 + i, "score": "stored", "source": "mine"}) + "\n")
     ingest([str(root / "docs.jsonl")], root / "store", EngineConfig(embedder=EmbedderConfig(model=tiny_model)),
            progress=False)
     return root / "store"
@@ -224,10 +224,10 @@ def test_metadata_complete(lc, li, meta_store):
         for d in docs:
             i = store.doc_ids.index(d.metadata["doc_id"])
             stored = store.metadata[i]
-            assert set(stored) == {"title", "year", "score"}
-            assert set(d.metadata) == CHUNK_KEYS | set(stored) | {"source"}
+            assert set(stored) == {"title", "year", "score", "source"}
+            assert set(d.metadata) == CHUNK_KEYS | set(stored)
             assert d.metadata["title"] == stored["title"] and d.metadata["year"] == stored["year"]
-            assert d.metadata["source"] == store.sources[i]
+            assert d.metadata["source"] == store.sources[i] != "mine"  # the store's own source wins too
             assert isinstance(d.metadata["score"], float)  # the chunk's score wins over the stored column
             doc = store.docs[i]
             assert doc.text[d.metadata["char_start"] : d.metadata["char_end"]] == d.page_content

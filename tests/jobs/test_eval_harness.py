@@ -143,6 +143,47 @@ def test_loader_reads_offsets_and_rejects_bad_ones(tmp_path):
         load_dataset(tmp_path / "missing")
 
 
+def _rewrite_first_row(root: Path, column: int, value: str, encoding: str = "utf-8") -> None:
+    rows = list(csv.reader(open(root / "questions.csv", encoding="utf-8")))
+    rows[1][column] = value
+    with open(root / "questions.csv", "w", newline="", encoding=encoding) as fh:
+        csv.writer(fh).writerows(rows)
+
+
+@pytest.mark.parametrize("column, value, message", [
+    (1, json.dumps([{"end_index": 4}]), r"questions\.csv:2: a reference has no start_index"),
+    (1, json.dumps({"start_index": 0, "end_index": 4}), r"questions\.csv:2: references must be a JSON list, got dict"),
+    (1, json.dumps([{"start_index": "abc", "end_index": 4}]), r"start_index / end_index must be integers"),
+    (1, "null", r"references must be a JSON list, got NoneType"),
+    (1, json.dumps(["text"]), r"each reference must be a JSON object"),
+    (0, "  ", r"questions\.csv:2: empty question"),
+])
+def test_loader_names_the_row_of_a_malformed_question(tmp_path, column, value, message):
+    root = write_dataset(tmp_path / "d")
+    _rewrite_first_row(root, column, value)
+    with pytest.raises(QascError, match=message):
+        load_dataset(root)
+
+
+def test_loader_refuses_ambiguous_or_unreadable_corpora_and_reads_a_bom(tmp_path):
+    root = write_dataset(tmp_path / "d")
+    _rewrite_first_row(root, 0, "What keeps a boat upright?", encoding="utf-8-sig")  # a spreadsheet's BOM
+    assert len(load_dataset(root).questions) == 6
+    (root / "corpora" / "boats.txt").write_text("Another boats file.", encoding="utf-8")
+    with pytest.raises(QascError, match=r"boats\.md and boats\.txt have the same corpus_id 'boats'"):
+        load_dataset(root)
+    (root / "corpora" / "boats.txt").unlink()
+    (root / "corpora" / "latin.md").write_bytes("Café".encode("latin-1"))
+    with pytest.raises(QascError, match=r"latin\.md: not valid utf-8 \(byte 0xe9 at offset 3\)"):
+        load_dataset(root)
+    (root / "corpora" / "latin.md").unlink()
+    rows = list(csv.reader(open(root / "questions.csv", encoding="utf-8-sig")))
+    with open(root / "questions.csv", "w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows(rows[:1])
+    with pytest.raises(QascError, match=r"questions\.csv: no questions"):
+        load_dataset(root)
+
+
 def test_cache_avoids_re_embedding(tmp_path, embedder):
     from jobs.eval.baselines import FixedTokenChunker
 
@@ -232,6 +273,19 @@ def test_run_eval_end_to_end(tmp_path, embedder):
     before = embedder.encoded
     run_eval(cfg, engine_factory=fake_factory([]), embedder=embedder, log=lambda m: None)
     assert embedder.encoded == before + 0
+
+
+def test_one_corpus_of_questions_is_labelled_in_sample(tmp_path, embedder):
+    data = write_dataset(tmp_path / "data")
+    rows = list(csv.reader(open(data / "questions.csv", encoding="utf-8")))
+    with open(data / "questions.csv", "w", newline="", encoding="utf-8") as fh:
+        csv.writer(fh).writerows([rows[0]] + [r for r in rows[1:] if r[2] == "boats"])
+    cfg = EvalConfig(data_dir=str(data), out_dir=str(tmp_path / "out"), cache_dir=str(tmp_path / "cache"),
+                     methods=("sentences",), ks=(1, 2), budgets=(20,), n_boot=20)
+    res = run_eval(cfg, embedder=embedder, log=lambda m: None)
+    assert len(res["heldout"]["sentences"]["folds"]) == 1
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "## Results IN SAMPLE" in report and "Held-out results" not in report
 
 
 class _ChatHandler(BaseHTTPRequestHandler):

@@ -103,6 +103,8 @@ def test_batch_formats_ids_and_bad_batches(demo_store, cli_rows):
         stage({"query": np.array(QUESTIONS)})
     with pytest.raises(QascError, match="empty question in row 1"):
         stage({"question": np.array(["Why?", " "], dtype=object)})
+    with pytest.raises(QascError, match=r"row 1 of a batch has no usable id \(None\)"):
+        stage(pa.table({"id": ["a", None], "question": QUESTIONS[:2]}))
     with pytest.raises(QascError, match="unknown QASC parameter"):
         QascQuery(str(demo_store), device="cpu", top_kk=3)
 
