@@ -10,7 +10,7 @@ from pathlib import Path
 from engine.errors import QascError
 from jobs.devices import add_device_argument
 from jobs.eval.baselines import DEFAULT_METHODS
-from jobs.eval.harness import DEFAULT_CACHE_DIR, QUICK_CORPORA, EvalConfig, run_eval
+from jobs.eval.harness import DEFAULT_CACHE_DIR, QUICK_CORPORA, EvalConfig, check_methods, run_eval
 
 DATA_ENV = "QASC_EVAL_DATA"
 
@@ -100,6 +100,7 @@ def run(args: argparse.Namespace) -> int:
         load_dataset(d)
     if not args.methods:
         raise QascError("--methods names no method")
+    check_methods(args.methods)
     if args.bootstrap < 1:
         raise QascError(f"--bootstrap must be >= 1, got {args.bootstrap}")
     if args.judge_questions < 1:

@@ -27,8 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"queries per slice: embedded, answered and written to --out together (bounds memory; "
                    f"default {DEFAULT_SLICE_SIZE})")
     p.add_argument("--nprobe", type=int, default=None,
-                   help="ivf stores: inverted lists probed per query (default: the store's, 16 for new stores; "
-                        "more = higher recall, slower); local path only")
+                   help="ivf stores: inverted lists probed per query (default: the store's, at least 1/16 of its lists "
+                        "and 16; more = higher recall, slower); local path only")
     p.add_argument("--ray", action="store_true", help="run as a Ray job: shards of queries on actors")
     p.add_argument("--ray-address", default=None, help="Ray cluster address ('auto' = the running cluster); "
                    "implies --ray; default: RAY_ADDRESS, else the cluster of a `ray job submit` job, else a "

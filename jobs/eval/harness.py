@@ -157,7 +157,35 @@ def summarize(per_q: dict[str, np.ndarray], mask: np.ndarray | None = None, n_bo
 
 # ------------------------------------------------------------------------------------------------ methods
 
+def _known_method(name: str) -> bool:
+    """The method names make_chunkers understands (checked before any work by `qasc eval`)."""
+    def number(text: str) -> bool:
+        try:
+            return float(text) > 0
+        except ValueError:
+            return False
+
+    if name in ("sentences", "qasc", "llm-ppl", "llm-agentic", "semantic") or name in P.PEER_METHODS:
+        return True
+    if name.startswith("fixed-") or name.startswith("semchunk-"):
+        return name.split("-", 1)[1].isdigit() and int(name.split("-", 1)[1]) > 0
+    if name.startswith("recursive-") and name[-1:] in ("c", "t"):
+        return name[len("recursive-"):-1].isdigit() and int(name[len("recursive-"):-1]) > 0
+    if name.startswith("semantic-p"):
+        return number(name[len("semantic-p"):]) and float(name[len("semantic-p"):]) < 100
+    return False
+
+
+def check_methods(names: Sequence[str]) -> None:
+    """QascError naming the first method `qasc eval` does not know."""
+    for name in names:
+        if not _known_method(name):
+            raise QascError(f"unknown method {name!r}; known: {', '.join(B.DEFAULT_METHODS)}, recursive-<N>t, "
+                            f"semantic-p<P>")
+
+
 def make_chunkers(names: Sequence[str], embedder, sentence_source, cfg: EvalConfig, log) -> list[B.Chunker]:
+    check_methods(names)
     out: list[B.Chunker] = []
     tok = embedder.tokenizer
     for name in names:

@@ -29,6 +29,7 @@ def test_bad_arguments_are_refused_up_front(tmp_path, sets, capsys):
     assert "is not a Chroma-format data set" in _run(capsys, "--data", f"{a},{tmp_path / 'nope'}", "--out", out)
     assert "--data names no folder" in _run(capsys, "--data", ",", "--out", out)
     assert "--methods names no method" in _run(capsys, "--data", a, "--methods", "", "--out", out)
+    assert "unknown method 'bogus'" in _run(capsys, "--data", a, "--methods", "sentences,bogus", "--out", out)
     assert "--bootstrap must be >= 1" in _run(capsys, "--data", a, "--bootstrap", "0", "--out", out)
     assert not (tmp_path / "out").exists()
 
