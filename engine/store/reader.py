@@ -4,9 +4,10 @@ The embeddings are held once, in the store's dtype (float32 | float16): each sha
 into one preallocated (N, dim) array (no concatenated temporary), wrapped without a copy as the tensor
 `Store.vectors`; `to_device` moves it (an engine on CUDA keeps only the device copy). Flat stores do not load
 their FAISS index by default: exact search runs blocked over `vectors` (`index.exact_topk`), so no second copy.
-An ivf index of 8-bit codes (the default) is searched by `kernels.ivf_sq8_topk` over views of its lists, many
-queries per list at once: on CPU with 8-bit query weights (int8 x int8 products; `Store.ivf_int8 = False` gives
-FAISS's own scores), the hits then re-ranked exactly (`Store.ivf_search = "faiss"` searches through FAISS).
+An ivf index of 8-bit codes (the default) whose lists hold IVF_SCAN_MIN_LIST_ROWS rows or more on average is
+searched by `kernels.ivf_sq8_topk` over views of its lists, many queries per list at once: on CPU with 8-bit query
+weights (int8 x int8 products; `Store.ivf_int8 = False` gives FAISS's own scores), the hits then re-ranked exactly;
+smaller lists by FAISS itself (`Store.ivf_search`: "auto", "torch" or "faiss" forces one).
 """
 
 from __future__ import annotations
@@ -28,7 +29,12 @@ from engine.store.schema import DOCUMENTS_SCHEMA, STORE_DTYPES, embeddings_of, h
 from engine.types import Headings, Sentences
 from kernels.ivf_scan import ivf_sq8_topk
 
-IVF_SEARCH = "torch"  # how an 8-bit ivf index is searched: "torch" (kernels.ivf_scan) or "faiss" (IndexIVF.search)
+# how an 8-bit ivf index is searched: "torch" (kernels.ivf_scan), "faiss" (IndexIVF.search), or "auto": the torch
+# scan where the lists hold IVF_SCAN_MIN_LIST_ROWS rows or more on average (its per-list work is then amortised:
+# 3-4x FAISS's search at 1M rows, 250 a list), FAISS's own search below (3.3x the scan's search rate at 20k rows,
+# 39 a list; bench/RESULTS.md, "The IVF search by list size")
+IVF_SEARCH = "auto"
+IVF_SCAN_MIN_LIST_ROWS = 128
 # the torch scan's query weights in 8 bits (int8 products) on CPU: 1.6-1.9x the float32 scan at 1M rows, the same
 # recall@16 after the exact re-rank (bench/RESULTS.md); False: float32, FAISS's own scores
 IVF_INT8 = True
@@ -251,8 +257,12 @@ class Store:
         return faiss_index.rerank(self.vectors, query, rows, int(k))
 
     def sq8_lists(self) -> faiss_index.Sq8Lists | None:
-        """Views of an 8-bit ivf index's lists when `ivf_search` is "torch" (built on first use), else None."""
-        if self.ivf_search != "torch" or self.index is None:
+        """Views of an 8-bit ivf index's lists when `ivf_search` is "torch", or "auto" with lists of at least
+        IVF_SCAN_MIN_LIST_ROWS rows on average (built on first use), else None (FAISS searches)."""
+        if self.ivf_search == "faiss" or self.index is None:
+            return None
+        if self.ivf_search == "auto" and len(self.vectors) < IVF_SCAN_MIN_LIST_ROWS * max(1, int(
+                getattr(self.index, "nlist", 1))):
             return None
         if self._sq8_of is not self.index:  # first use, or the index was replaced (moved to a device)
             self._sq8, self._sq8_of = faiss_index.sq8_lists(self.index), self.index

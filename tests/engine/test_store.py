@@ -201,11 +201,16 @@ def test_index_flag_and_float16(tmp_path, tiny_model, kind, monkeypatch):
     np.testing.assert_allclose(np.linalg.norm(store.embeddings.astype(np.float32), axis=1), 1, atol=1e-2)
     assert (store.search(store.embeddings, 1)[1][:, 0] == np.arange(len(store))).mean() > 0.9
     assert all(ok for _, ok, _ in verify_store(tmp_path / "s"))
-    if kind == "ivf":  # the 8-bit lists searched by the torch scan (the default) give FAISS's own hits
-        assert store.sq8_lists() is not None and store.ivf_int8
-        q = torch.from_numpy(store.embeddings[:60].astype(np.float32)) + 0.05
+    if kind == "ivf":  # the 8-bit lists searched by the torch scan give FAISS's own hits
+        assert store.ivf_search == "auto" and store.sq8_lists() is None  # lists this short: FAISS's own search
         from engine.store import reader
 
+        monkeypatch.setattr(reader, "IVF_SCAN_MIN_LIST_ROWS", 1)  # "auto" scans once the lists are long enough
+        assert store.sq8_lists() is not None
+        monkeypatch.setattr(reader, "IVF_SCAN_MIN_LIST_ROWS", 10**9)
+        store.ivf_search = "torch"  # forced, whatever the list sizes
+        assert store.sq8_lists() is not None and store.ivf_int8
+        q = torch.from_numpy(store.embeddings[:60].astype(np.float32)) + 0.05
         monkeypatch.setattr(reader, "IVF_INT8_MIN_LIST_ROWS", 0)  # int8 even for these short lists
         int8_s, int8_r = store.search_tensor(q, 5)  # int8 query weights, re-ranked exactly
         store.ivf_int8 = False
