@@ -73,5 +73,5 @@ def chunk(
             raise ValueError(f"every query must be a non-empty string; query {i} is {x!r}")
     embedder = embedder or embedder_from(config)
     sents, sent_emb = prepare(text, embedder, config, doc_id)
-    query_emb = torch.from_numpy(embedder.encode(list(queries)))
+    query_emb = torch.from_numpy(embedder.encode(queries))
     return chunk_sentences(sents, sent_emb, query_emb, config)

@@ -8,6 +8,7 @@ ablations -> offline stand-in subset -> report (report.md, results.json, PNG plo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -157,63 +158,66 @@ def summarize(per_q: dict[str, np.ndarray], mask: np.ndarray | None = None, n_bo
 
 # ------------------------------------------------------------------------------------------------ methods
 
-def _known_method(name: str) -> bool:
-    """The method names make_chunkers understands (checked before any work by `qasc eval`)."""
-    def number(text: str) -> bool:
-        try:
-            return float(text) > 0
-        except ValueError:
-            return False
+_SIZED = {"fixed-": "fixed", "semchunk-": "semchunk", "recursive-": "recursive"}  # name prefix -> kind of <N>
 
-    if name in ("sentences", "qasc", "llm-ppl", "llm-agentic", "semantic") or name in P.PEER_METHODS:
-        return True
-    if name.startswith("fixed-") or name.startswith("semchunk-"):
-        return name.split("-", 1)[1].isdigit() and int(name.split("-", 1)[1]) > 0
-    if name.startswith("recursive-") and name[-1:] in ("c", "t"):
-        return name[len("recursive-"):-1].isdigit() and int(name[len("recursive-"):-1]) > 0
+
+def parse_method(name: str) -> tuple[str, float | None]:
+    """A `--methods` name -> (kind, size): ("fixed", 64), ("recursive-c", 400), ("recursive-t", 200),
+    ("semchunk", 128), ("semantic", 95.0), ("peer" | "sentences" | "qasc" | "llm-ppl" | "llm-agentic", None);
+    QascError for a name `qasc eval` does not know (checked before any work, and by make_chunkers)."""
+    if name in P.PEER_METHODS:
+        return "peer", None
+    if name in ("sentences", "qasc", "llm-ppl", "llm-agentic"):
+        return name, None
+    if name == "semantic":
+        return "semantic", 95.0
+    for prefix, kind in _SIZED.items():
+        if name.startswith(prefix):
+            digits, unit = name[len(prefix):], ""
+            if kind == "recursive":
+                digits, unit = digits[:-1], digits[-1:]
+            if digits.isdigit() and int(digits) > 0 and unit in (("c", "t") if kind == "recursive" else ("",)):
+                return (f"recursive-{unit}" if unit else kind), int(digits)
     if name.startswith("semantic-p"):
-        return number(name[len("semantic-p"):]) and float(name[len("semantic-p"):]) < 100
-    return False
+        with contextlib.suppress(ValueError):
+            pct = float(name[len("semantic-p"):])
+            if 0 < pct < 100:
+                return "semantic", pct
+    raise QascError(f"unknown method {name!r}; known: {', '.join(B.DEFAULT_METHODS)}, recursive-<N>t, "
+                    f"semantic-p<P>")
 
 
 def check_methods(names: Sequence[str]) -> None:
     """QascError naming the first method `qasc eval` does not know."""
     for name in names:
-        if not _known_method(name):
-            raise QascError(f"unknown method {name!r}; known: {', '.join(B.DEFAULT_METHODS)}, recursive-<N>t, "
-                            f"semantic-p<P>")
+        parse_method(name)
 
 
 def make_chunkers(names: Sequence[str], embedder, sentence_source, cfg: EvalConfig, log) -> list[B.Chunker]:
-    check_methods(names)
     out: list[B.Chunker] = []
     tok = embedder.tokenizer
     for name in names:
-        if name.startswith("fixed-"):
-            out.append(B.FixedTokenChunker(int(name.split("-")[1]), tok))
-        elif name.startswith("recursive-") and name.endswith("c"):
-            out.append(B.RecursiveCharChunker(int(name[len("recursive-"):-1])))
-        elif name.startswith("recursive-") and name.endswith("t"):
-            out.append(B.RecursiveTokenChunker(int(name[len("recursive-"):-1])))
-        elif name == "sentences":
+        kind, size = parse_method(name)
+        if kind == "fixed":
+            out.append(B.FixedTokenChunker(int(size), tok))
+        elif kind == "recursive-c":
+            out.append(B.RecursiveCharChunker(int(size)))
+        elif kind == "recursive-t":
+            out.append(B.RecursiveTokenChunker(int(size)))
+        elif kind == "sentences":
             out.append(B.SentenceChunker(tok))
-        elif name.startswith("semantic"):
-            pct = float(name.split("-p")[1]) if "-p" in name else 95.0
-            out.append(B.SemanticChunker(sentence_source, pct))
-        elif name in P.PEER_METHODS or name.startswith("semchunk-"):
+        elif kind == "semantic":
+            out.append(B.SemanticChunker(sentence_source, float(size)))
+        elif kind in ("peer", "semchunk"):
             out.append(P.make_peer(name, embedder))
-        elif name in ("qasc", "llm-ppl"):
-            continue  # QASC runs through the engine; the stand-in runs on its subset
-        elif name == "llm-agentic":
+        elif kind == "llm-agentic":
             if not cfg.llm_url:
                 log("llm-agentic skipped: it needs --llm-url")
                 continue
             from jobs.eval.llm import ChatClient
 
             out.append(B.AgenticChunker(ChatClient(cfg.llm_url, cfg.llm_model), tok))
-        else:
-            raise QascError(f"unknown method {name!r}; known: {', '.join(B.DEFAULT_METHODS)}, recursive-<N>t, "
-                            f"semantic-p<P>")
+        # qasc runs through the engine; llm-ppl (the stand-in) runs on its subset
     return out
 
 
