@@ -34,6 +34,7 @@ from engine.types import Chunk, Sentences
 from kernels.candidates import CandidateRows, candidate_rows
 from kernels.context import context_boost, heading_gate, heading_residual
 from kernels.extents import block_stats, neighbour_dots
+from kernels.gather import gathered_dots, segment_first
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
 
@@ -195,17 +196,10 @@ class Engine:
     def candidate_sims(self, query_emb: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """query_emb (Q, dim), rows/valid (Q, L) -> sims (Q, L) float32 (0 where invalid).
 
-        Gathers the candidate vectors a block of queries at a time (in the store's dtype, then cast to
-        float32), so memory stays at SIMS_BLOCK_ELEMENTS floats whatever Q is."""
-        q, length = rows.shape
-        dim = self.embeddings.shape[1]
-        step = max(1, SIMS_BLOCK_ELEMENTS // max(length * dim, 1))
-        out = torch.zeros((q, length), dtype=torch.float32, device=self.device)
+        Only the valid entries' vectors are gathered (padding costs nothing), SIMS_BLOCK_ELEMENTS floats at a
+        time, in the store's dtype and then cast to float32, so memory stays bounded whatever Q is."""
         query = query_emb.to(device=self.device, dtype=torch.float32)
-        for lo in range(0, q, step):
-            gathered = self.embeddings[rows[lo : lo + step]].float()  # (step, L, dim)
-            out[lo : lo + step] = torch.bmm(gathered, query[lo : lo + step, :, None])[..., 0]
-        return torch.where(valid, out, torch.zeros_like(out))
+        return gathered_dots(self.embeddings, query, rows, valid)
 
     @classmethod
     def open(cls, store_dir: str, config: EngineConfig | None = None, device: str = "auto",
@@ -272,15 +266,11 @@ class Engine:
 
     def heading_sims(self, query: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
         """query (Q, dim) float32, path (Q, L) int64 (-1: none) -> c (Q, L) float32, cosine of the query and
-        the path's embedding (0 where path < 0); gathered a block of queries at a time."""
-        heading_emb = self.heading_tensors()[0]
-        q, length = path.shape
-        step = max(1, SIMS_BLOCK_ELEMENTS // max(length * heading_emb.shape[1], 1))
-        out = torch.zeros((q, length), dtype=torch.float32, device=self.device)
-        for lo in range(0, q, step):
-            gathered = heading_emb[path[lo : lo + step].clamp(min=0)]  # (step, L, dim)
-            out[lo : lo + step] = torch.einsum("qld,qd->ql", gathered, query[lo : lo + step])
-        return torch.where(path >= 0, out, torch.zeros_like(out))
+        the path's embedding (0 where path < 0). A query's candidates come in runs under one path (rows in store
+        order), so each run's path is scored once (`segment_first`) and the score spread over the run."""
+        seg, first_path = segment_first(path)
+        c = gathered_dots(self.heading_tensors()[0], query, first_path.clamp(min=0), first_path >= 0)
+        return torch.where(path >= 0, c.gather(1, seg), torch.zeros(path.shape, device=c.device))
 
     def pool_width(self, params: QascParams, retrieval: RetrievalConfig) -> int:
         """The rows one search returns per query for `run_batch`: the depth, or the heading context's pool."""

@@ -13,6 +13,7 @@ from kernels.extents import (
     pooled_extent_scores,
     run_norms,
 )
+from kernels.gather import gathered_dots, segment_first
 from kernels.ivf_scan import ivf_sq8_topk
 from kernels.merging import coverage, fill_gaps, label_segments, segment_scores, segment_spans, segment_sums
 from kernels.params import QascParams
@@ -36,6 +37,7 @@ __all__ = [
     "fill_gaps",
     "keep_windows",
     "focus_on_best",
+    "gathered_dots",
     "ivf_sq8_topk",
     "label_segments",
     "percentile_seeds",
@@ -45,6 +47,7 @@ __all__ = [
     "run_norms",
     "percentile_threshold",
     "run_qasc",
+    "segment_first",
     "segment_scores",
     "segment_spans",
     "segment_sums",

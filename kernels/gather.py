@@ -1,0 +1,48 @@
+"""Dot products of queries with gathered table rows: the candidate sentences' and heading paths' similarities.
+
+The query path scores each query against a few hundred rows of a large table (the store's vectors, the heading
+paths' vectors). The rows are ragged per query and padded to the widest; gathering a padded (Q, L, dim) float
+block costs memory traffic for every padding slot and every repeated row. Here only the valid entries are
+gathered, a bounded block at a time, and runs of one repeated key (a query's candidate rows share their heading
+path for a whole section) are scored once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+GATHER_BLOCK_ELEMENTS = 1 << 22  # gathered table elements per block (16 MiB of float32)
+
+
+def gathered_dots(table: torch.Tensor, query: torch.Tensor, index: torch.Tensor, valid: torch.Tensor,
+                  block_elements: int = GATHER_BLOCK_ELEMENTS) -> torch.Tensor:
+    """table (N, D) any float dtype, query (Q, D) float32, index (Q, L) int64 rows of the table, valid (Q, L)
+    bool -> (Q, L) float32: query[q] . table[index[q, l]] (the table row cast to float32) where valid, 0
+    elsewhere. Invalid entries are never read (their index may be anything); the valid ones are gathered
+    about `block_elements` table elements at a time, so memory does not grow with Q or with the padding."""
+    q, length = index.shape
+    out = torch.zeros((q, length), dtype=torch.float32, device=query.device)
+    if q == 0 or length == 0:
+        return out
+    who, col = valid.nonzero(as_tuple=True)  # (E,) entries grouped by query, row-major
+    step = max(1, block_elements // max(table.shape[1], 1))
+    for lo in range(0, who.numel(), step):
+        a, b = who[lo : lo + step], col[lo : lo + step]
+        rows = table.index_select(0, index[a, b]).float()  # (e, D)
+        out[a, b] = torch.bmm(rows[:, None, :], query.index_select(0, a)[:, :, None]).view(-1)
+    return out
+
+
+def segment_first(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """keys (Q, L) int64 -> seg (Q, L) int64, first (Q, U) int64: the runs of equal consecutive keys in each row
+    (run j of row q covers the positions where seg[q] == j, numbered from 0 left to right) and each run's key
+    (first[q, j]; -1 past the row's last run, U the most runs of any row). first.gather(1, seg) == keys."""
+    q, length = keys.shape
+    if q == 0 or length == 0:
+        return torch.zeros((q, length), dtype=torch.long, device=keys.device), keys.new_full((q, 0), -1)
+    change = torch.ones((q, length), dtype=torch.bool, device=keys.device)
+    change[:, 1:] = keys[:, 1:] != keys[:, :-1]
+    seg = change.long().cumsum(1) - 1
+    first = keys.new_full((q, int(seg[:, -1].max()) + 1), -1)
+    first[change.nonzero(as_tuple=True)[0], seg[change]] = keys[change]
+    return seg, first
