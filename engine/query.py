@@ -28,11 +28,11 @@ import torch
 
 from engine.assemble import ChunkColumns, RowTable, assemble_columns
 from engine.config import EngineConfig, RetrievalConfig
-from engine.embedder import Embedder
+from engine.embedder import Embedder, cpu_has_native_bf16
 from engine.errors import QascError
 from engine.types import Chunk, Sentences
 from kernels.candidates import CandidateRows, candidate_rows
-from kernels.context import context_boost, heading_gate, heading_residual
+from kernels.context import best_paths, context_boost, heading_gate, heading_residual
 from kernels.extents import block_stats, neighbour_dots
 from kernels.gather import gathered_dots, segment_first
 from kernels.params import QascParams
@@ -53,6 +53,7 @@ KERNEL_SLICE_QUERIES_CPU = 1024
 SEARCH_BLOCK_QUERIES = 8192  # queries per search: whole slices (the ivf scan does 1.5x the queries/s at 10k as at 2k)
 CONTEXT_POOL = 32  # heading context: the gate's pool, the top rows by raw cosine
 CONTEXT_PATHS = 8  # pre-retrieval: the rows of this many best-matching heading paths join the rerank
+HEADING_SHORTLIST_MIN_PATHS = 4096  # below this many heading paths the float32 product is cheap: no shortlist
 CONTEXT_PATH_ROWS = 512  # ... at most this many rows of each (its first, in store order)
 
 
@@ -264,6 +265,15 @@ class Engine:
                     emb, row_heading, starts.astype(np.int64), counts.astype(np.int64), order.astype(np.int64)))
         return self._headings
 
+    def heading_low(self) -> torch.Tensor | None:
+        """The heading paths' embeddings in bfloat16 on a CPU with native bf16 instructions (the shortlist of
+        `best_paths`, ~3x the float32 product there), else None (float32 throughout); built once."""
+        if not hasattr(self, "_heading_low"):
+            emb = self.heading_tensors()[0]
+            fast = self.device.type == "cpu" and cpu_has_native_bf16() and len(emb) > HEADING_SHORTLIST_MIN_PATHS
+            self._heading_low = emb.to(torch.bfloat16) if fast else None
+        return self._heading_low
+
     def heading_sims(self, query: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
         """query (Q, dim) float32, path (Q, L) int64 (-1: none) -> c (Q, L) float32, cosine of the query and
         the path's embedding (0 where path < 0). A query's candidates come in runs under one path (rows in store
@@ -302,11 +312,7 @@ class Engine:
         gate_path = path_of(pool[:, :g], pool_valid[:, :g])
         spread, cref = heading_gate(self.heading_sims(query, gate_path), gate_path, pool_valid[:, :g])
         heading_emb = self.heading_tensors()[0]
-        h = heading_emb.shape[0]
-        best = torch.zeros((q, min(CONTEXT_PATHS, h)), dtype=torch.long, device=self.device)
-        step = max(1, SIMS_BLOCK_ELEMENTS // max(h, 1))
-        for lo in range(0, q, step):  # (step, H) cosines a block at a time, only the best paths kept
-            best[lo : lo + step] = (query[lo : lo + step] @ heading_emb.T).topk(best.shape[1], dim=1).indices
+        best = best_paths(query, heading_emb, CONTEXT_PATHS, self.heading_low())[1]  # (Q, J)
         count = path_count[best].clamp(max=CONTEXT_PATH_ROWS)  # (Q, J)
         width = int(count.max()) if count.numel() else 0
         offs = torch.arange(width, device=self.device)

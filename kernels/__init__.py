@@ -5,6 +5,7 @@ No I/O, no model, no Ray: every function maps tensors to tensors on the device o
 """
 
 from kernels.candidates import CandidateRows, candidate_rows
+from kernels.context import best_paths
 from kernels.extents import (
     block_extent_scores,
     block_stats,
@@ -24,6 +25,7 @@ from kernels.snapping import cap_breaks, snap_to_blocks
 from kernels.windows import decay_window_scores, expand_windows, keep_windows
 
 __all__ = [
+    "best_paths",
     "CandidateRows",
     "QascBatch",
     "QascParams",

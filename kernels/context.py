@@ -20,6 +20,10 @@ from __future__ import annotations
 
 import torch
 
+from kernels.ivf_scan import row_top_k
+
+SHORTLIST_FACTOR = 4  # best_paths: paths re-scored exactly per path wanted, from a low-precision product
+
 
 def heading_gate(
     pool_c: torch.Tensor, pool_path: torch.Tensor, pool_valid: torch.Tensor
@@ -72,3 +76,32 @@ def heading_residual(
     similarities, next to the boost)."""
     out = -beta * c * hs.to(c.dtype)
     return torch.where(valid & (path >= 0), out, torch.zeros_like(out))
+
+
+def best_paths(query: torch.Tensor, heading_emb: torch.Tensor, j: int, heading_low: torch.Tensor | None = None,
+               block_elements: int = 1 << 23) -> tuple[torch.Tensor, torch.Tensor]:
+    """query (Q, D) float32, heading_emb (H, D) float32, j -> scores (Q, j') float32 and paths (Q, j') int64,
+    j' = min(j, H): each query's j' best heading paths by cosine, score descending, equal scores lower path first.
+
+    heading_low: the same table in a faster matmul dtype (bfloat16 on CPUs with native bf16 instructions), or
+    None. With it a shortlist of min(H, SHORTLIST_FACTOR j') paths per query comes from the low-precision
+    product (a block of queries x all H at a time, about `block_elements` scores) and is re-scored exactly in
+    float32; a path outside the shortlist would need a rounding error larger than the gap between the j'-th and
+    the (SHORTLIST_FACTOR j')-th best scores (bf16 keeps about 3 significant digits), so the j' best differ from
+    the exact ones only in such near-ties (and equal scores at the shortlist's cut are kept arbitrarily). Without
+    it the product is float32 and the result exact, equal scores at the cut keeping the lower paths."""
+    n_q, n_h = query.shape[0], heading_emb.shape[0]
+    jj = min(j, n_h)
+    wide = min(n_h, SHORTLIST_FACTOR * jj) if heading_low is not None else jj
+    table = heading_low if heading_low is not None else heading_emb
+    short = torch.empty((n_q, wide), dtype=torch.long, device=query.device)
+    step = max(1, block_elements // max(n_h, 1))
+    for lo in range(0, n_q, step):
+        scores = query[lo : lo + step].to(table.dtype) @ table.T  # (step, H)
+        # exact: equal scores at the cut keep the lower paths; low precision: near-ties are approximate anyway
+        low = heading_low is not None
+        short[lo : lo + step] = scores.topk(wide, dim=1).indices if low else row_top_k(scores, wide)[1]
+    short = short.sort(dim=1).values  # path order, so that the stable sort below keeps equal scores lower first
+    exact = torch.bmm(heading_emb[short], query[:, :, None])[..., 0] if wide else query.new_zeros((n_q, 0))
+    order = exact.sort(dim=1, descending=True, stable=True).indices[:, :jj]
+    return exact.gather(1, order), short.gather(1, order)

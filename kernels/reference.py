@@ -817,3 +817,19 @@ def segment_first(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     first = [h + [-1] * (width - len(h)) for h in first]
     return (_to_tensor(seg, tuple(keys.shape), torch.long, keys.device),
             _to_tensor(first, (keys.shape[0], width), torch.long, keys.device))
+
+
+def best_paths(query: torch.Tensor, heading_emb: torch.Tensor, j: int, heading_low: torch.Tensor | None = None,
+               block_elements: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Twin of kernels.context.best_paths: every path's cosine in float64, sorted (score descending, path
+    ascending), the first min(j, H) kept (heading_low is ignored: the twin is always exact)."""
+    table = _rows(heading_emb.double())
+    jj = min(j, len(table))
+    scores, paths = [], []
+    for q in _rows(query.double()):
+        ranked = sorted(range(len(table)), key=lambda p: (-sum(a * b for a, b in zip(q, table[p], strict=True)), p))
+        paths.append(ranked[:jj])
+        scores.append([sum(a * b for a, b in zip(q, table[p], strict=True)) for p in ranked[:jj]])
+    n = query.shape[0]
+    return (_to_tensor(scores, (n, jj), torch.float32, query.device),
+            _to_tensor(paths, (n, jj), torch.long, query.device))

@@ -294,16 +294,11 @@ def resolve_eval_dtype(device: str, dtype: str) -> str:
     """'fast' -> 'bfloat16' on a CPU with native bf16 instructions (avx512_bf16 / amx), else 'auto'."""
     if dtype != "fast":
         return dtype
-    from engine.embedder import resolve_device
+    from engine.embedder import cpu_has_native_bf16, resolve_device
 
     if resolve_device(device).type != "cpu":
         return "auto"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            flags = fh.read()
-    except OSError:
-        return "auto"
-    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "auto"
+    return "bfloat16" if cpu_has_native_bf16() else "auto"
 
 
 def make_embedder(device: str = "cpu", dtype: str = "fast"):

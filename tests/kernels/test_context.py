@@ -10,6 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import kernels
 import kernels.reference as ref
 from kernels.context import context_boost, heading_gate, heading_residual
 
@@ -108,3 +109,41 @@ def test_heading_residual_is_the_query_against_the_row_minus_its_heading() -> No
     torch.testing.assert_close(got[0, :2], (projected @ q)[:2])
     assert got[0, 2] == sims[0, 2]  # no heading: unchanged
     assert bool((heading_residual(c, hs, path, valid, 0.0) == 0).all())
+
+
+@st.composite
+def path_cases(draw: st.DrawFn) -> dict:
+    """Q in 0..4 queries, H in 1..12 heading paths, small integer entries: every dot product is exact in float32
+    and bfloat16, so ties are common and exact and the order must follow the contract (lower path first)."""
+    q, h, dim = draw(st.integers(0, 4)), draw(st.integers(1, 12)), draw(st.integers(1, 5))
+    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    emb = torch.randint(-2, 3, (h, dim), generator=g).float()
+    return {"query": torch.randint(-2, 3, (q, dim), generator=g).float(), "heading_emb": emb,
+            "j": draw(st.integers(1, 14)), "heading_low": emb.bfloat16() if draw(st.booleans()) else None,
+            "block_elements": draw(st.integers(1, 40))}
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(path_cases())
+def test_best_paths_matches_reference(case: dict) -> None:
+    scores, paths = kernels.best_paths(**case)
+    ref_scores, ref_paths = ref.best_paths(**case)
+    assert scores.shape == ref_scores.shape == paths.shape and paths.dtype == torch.long
+    assert torch.equal(scores, ref_scores)  # bfloat16 is exact on these small integers
+    if case["heading_low"] is None:  # exact: equal scores keep the lower paths
+        assert torch.equal(paths, ref_paths)
+    else:  # the shortlist's cut among equal low-precision scores is arbitrary: only equal scores may swap
+        own = (case["query"][:, None, :] * case["heading_emb"][paths]).sum(-1)
+        assert torch.equal(own, scores) and all(len(set(r)) == len(r) for r in paths.tolist())
+
+
+def test_best_paths_shortlist_rescored_exactly() -> None:
+    """Through a bfloat16 shortlist the scores are the float32 ones, and the paths those of the exact product
+    (random unit vectors: no near-ties at the cut)."""
+    g = torch.Generator().manual_seed(5)
+    emb = torch.nn.functional.normalize(torch.randn(300, 32, generator=g), dim=1)
+    query = torch.nn.functional.normalize(torch.randn(20, 32, generator=g), dim=1)
+    exact_s, exact_p = kernels.best_paths(query, emb, 8)
+    s, p = kernels.best_paths(query, emb, 8, emb.bfloat16(), block_elements=1000)
+    assert torch.equal(p, exact_p) and torch.allclose(s, exact_s, atol=1e-6)
+    assert torch.allclose(s, (query @ emb.T).topk(8, dim=1).values, atol=1e-6)
