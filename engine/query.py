@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 MAX_QUERY_CHARS = 10_000
-SIMS_BLOCK_ELEMENTS = 1 << 22  # gathered candidate vectors per block (16 MiB of float32; 64 MiB: no faster)
 STATS_BLOCK_ROWS = 16384  # store rows per block of the query-independent stats (cast to float32 per block)
 BLOCK_ROWS_MAX = 32  # whole blocks brought into the candidate region: at most this many rows (and the token cap)
 DEFAULT_SLICE_SIZE = 2048  # queries per slice: embedded, answered and yielded (written) together
@@ -197,7 +196,7 @@ class Engine:
     def candidate_sims(self, query_emb: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """query_emb (Q, dim), rows/valid (Q, L) -> sims (Q, L) float32 (0 where invalid).
 
-        Only the valid entries' vectors are gathered (padding costs nothing), SIMS_BLOCK_ELEMENTS floats at a
+        Only the valid entries' vectors are gathered (padding costs nothing), GATHER_BLOCK_ELEMENTS floats at a
         time, in the store's dtype and then cast to float32, so memory stays bounded whatever Q is."""
         query = query_emb.to(device=self.device, dtype=torch.float32)
         return gathered_dots(self.embeddings, query, rows, valid)

@@ -159,3 +159,26 @@ def test_a_pooled_run_takes_the_heading_boost_once(policy_engine):
     off = policy_engine.query(question, every.replace(boost_runs_once=False), WIDE)[0]
     assert on[0].text.startswith("The dough should proof") and "Feed the starter" not in on[0].text
     assert off[0].text.startswith("Feed the starter") and "The dough should proof" in off[0].text
+
+
+def test_bf16_heading_shortlist_gives_the_same_chunks(policy_engine, monkeypatch):
+    """The bf16 shortlist of the best heading paths (CPUs with native bf16, large stores) returns what the
+    float32 product returns: forced on for this tiny store, every question's chunks are the same."""
+    import engine.query as query_module
+
+    monkeypatch.setattr(query_module, "HEADING_SHORTLIST_MIN_PATHS", 0)
+    monkeypatch.setattr(query_module, "cpu_has_native_bf16", lambda: True)
+    policy_engine.__dict__.pop("_heading_low", None)
+    try:
+        assert policy_engine.heading_low() is not None and policy_engine.heading_low().dtype == torch.bfloat16
+        fast = policy_engine.query(QUESTIONS, retrieval=WIDE)
+    finally:
+        policy_engine.__dict__.pop("_heading_low", None)
+    monkeypatch.setattr(query_module, "cpu_has_native_bf16", lambda: False)
+    assert policy_engine.heading_low() is None
+    exact = policy_engine.query(QUESTIONS, retrieval=WIDE)
+    policy_engine.__dict__.pop("_heading_low", None)
+    assert [[(c.doc_id, c.char_start, c.char_end) for c in cs] for cs in fast] == \
+        [[(c.doc_id, c.char_start, c.char_end) for c in cs] for cs in exact]
+    assert all(a.score == pytest.approx(b.score, abs=1e-6) for x, y in zip(fast, exact, strict=True)
+               for a, b in zip(x, y, strict=True))
