@@ -33,8 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ray-address", default=None, help="Ray cluster address ('auto' = the running cluster); "
                    "implies --ray; default: RAY_ADDRESS, else the cluster of a `ray job submit` job, else a "
                    "local Ray instance")
-    p.add_argument("--workers", type=int, default=DEFAULT_WORKERS,
-                   help=f"Ray query actors (each opens the store once; default {DEFAULT_WORKERS})")
+    p.add_argument("--workers", type=int, default=None,
+                   help=f"Ray query actors (each opens the store once; default {DEFAULT_WORKERS}); needs --ray")
     add_qasc_arguments(p)
 
 
@@ -156,8 +156,11 @@ def run(args: argparse.Namespace) -> int:
     ray = bool(args.ray or args.ray_address)
     if ray and args.nprobe is not None:
         raise QascError("--nprobe applies to the local path only (Ray actors open the store with its own nprobe)")
-    if ray and args.workers < 1:
+    if args.workers is not None and args.workers < 1:
         raise QascError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers is not None and not ray:
+        raise QascError(f"--workers {args.workers} needs --ray (the local path answers in this process)")
+    workers = DEFAULT_WORKERS if args.workers is None else args.workers
     if not ray:  # a Ray job's actors resolve --device on their own nodes (the driver may have no GPU)
         try:
             resolve_device(args.device)
@@ -171,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     if ray:
         from jobs.query_ray import run_query_job
 
-        batches = run_query_job(args.store, ids, questions, params, retrieval, workers=args.workers,
+        batches = run_query_job(args.store, ids, questions, params, retrieval, workers=workers,
                                 ray_address=args.ray_address, device=args.device, slice_size=args.batch_size)
     else:
         engine = Engine.open(args.store, device=args.device, nprobe=args.nprobe)

@@ -58,6 +58,8 @@ def test_cli_query_jsonl_and_parquet(demo_store, tmp_path, capsys):
         (["--neighbourhood", "1000000000"], "neighbourhood must be in [0, 1000], got 1000000000"),
         (["--device", "tpu"], "--device: unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
         (["--device", "cuda:abc"], "--device: unknown device 'cuda:abc'"),
+        (["--workers", "4"], "--workers 4 needs --ray"),
+        (["--workers", "0"], "--workers must be >= 1, got 0"),
     ],
 )
 def test_cli_query_rejects_bad_parameters(demo_store, tmp_path, capsys, argv, message):
