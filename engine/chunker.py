@@ -11,7 +11,8 @@ from engine.assemble import RowTable, assemble_chunks
 from engine.config import EngineConfig
 from engine.embedder import Embedder
 from engine.splitter import split_sentences
-from engine.types import Chunk, Sentences
+from engine.tokencap import DEFAULT_MAX_SENTENCE_TOKENS, cap_tokens
+from engine.types import Chunk, Sentences, check_query_list
 from kernels.extents import block_stats, neighbour_dots
 from kernels.pipeline import run_qasc
 
@@ -24,9 +25,12 @@ def embedder_from(config: EngineConfig) -> Embedder:
 def prepare(text: str, embedder: Embedder, config: EngineConfig, doc_id: str = "doc") -> tuple[Sentences, torch.Tensor]:
     """text -> (sentences with token counts, embeddings (N, dim) float32 tensor)."""
     sents = split_sentences(text, doc_id, config.splitter)
-    texts = sents.texts()
-    sents = sents.with_tokens(embedder.count_tokens(texts))
-    return sents, torch.from_numpy(embedder.encode(texts))
+    # as ingest does: no sentence longer than the model reads (it would be embedded from its first tokens only)
+    if hasattr(embedder, "tokenizer") and hasattr(embedder, "max_length"):
+        sents = cap_tokens(sents, embedder.tokenizer, min(DEFAULT_MAX_SENTENCE_TOKENS, embedder.max_length - 2))
+    else:  # a duck-typed embedder without a tokenizer: counted, not cut
+        sents = sents.with_tokens(embedder.count_tokens(sents.texts()))
+    return sents, torch.from_numpy(embedder.encode(sents.texts()))
 
 
 def chunk_sentences(
@@ -65,9 +69,9 @@ def chunk(
     config = config or EngineConfig()
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, got {type(text).__name__}")
-    if isinstance(queries, str):
-        raise TypeError("queries must be a list of strings, got one str; pass [question]")
-    queries = list(queries)  # a generator is read once
+    if not isinstance(doc_id, str):
+        raise TypeError(f"doc_id must be a str, got {type(doc_id).__name__}")
+    queries = check_query_list(queries)
     for i, x in enumerate(queries):
         if not isinstance(x, str) or not x.strip():
             raise ValueError(f"every query must be a non-empty string; query {i} is {x!r}")

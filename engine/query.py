@@ -30,7 +30,7 @@ from engine.assemble import ChunkColumns, RowTable, assemble_columns
 from engine.config import EngineConfig, RetrievalConfig
 from engine.embedder import Embedder, cpu_has_native_bf16
 from engine.errors import QascError
-from engine.types import Chunk, Sentences
+from engine.types import Chunk, Sentences, check_query_list
 from kernels.candidates import CandidateRows, candidate_rows
 from kernels.context import best_paths, context_boost, heading_gate, heading_residual
 from kernels.extents import block_stats, neighbour_dots
@@ -54,6 +54,16 @@ CONTEXT_POOL = 32  # heading context: the gate's pool, the top rows by raw cosin
 CONTEXT_PATHS = 8  # pre-retrieval: the rows of this many best-matching heading paths join the rerank
 HEADING_SHORTLIST_MIN_PATHS = 4096  # below this many heading paths the float32 product is cheap: no shortlist
 CONTEXT_PATH_ROWS = 512  # ... at most this many rows of each (its first, in store order)
+
+
+def check_settings(params, retrieval) -> None:
+    """TypeError unless params is None or a QascParams and retrieval None or a RetrievalConfig (a dict of fields
+    would fail deep inside with an AttributeError)."""
+    if params is not None and not isinstance(params, QascParams):
+        raise TypeError(f"params must be a QascParams (e.g. QascParams().replace(top_k=1)), got "
+                        f"{type(params).__name__}")
+    if retrieval is not None and not isinstance(retrieval, RetrievalConfig):
+        raise TypeError(f"retrieval must be a RetrievalConfig, got {type(retrieval).__name__}")
 
 
 def store_vectors(store, device: torch.device) -> torch.Tensor:
@@ -391,6 +401,7 @@ class Engine:
 
         query_emb may be on any device and of any float dtype (a numpy array too): it is moved to the engine's
         device as float32 first (queries are few: they keep full precision whatever the store's dtype)."""
+        check_settings(params, retrieval)
         params = params or self.config.qasc
         retrieval = retrieval or self.config.retrieval
         if slice_size < 1:
@@ -489,6 +500,8 @@ class Engine:
         retrieval: RetrievalConfig | None = None,
     ) -> list[list[Chunk]]:
         """questions (Q) -> per question, its query-adapted chunks in rank order."""
+        questions = check_query_list(questions)
+        check_settings(params, retrieval)
         if not questions:
             return []
         return self.query_embedded(self.embed_queries(questions), params, retrieval)

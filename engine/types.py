@@ -73,3 +73,18 @@ class Chunk:
             raise ValueError(f"bad chunk span [{self.char_start}, {self.char_end}) in {self.doc_id!r}")
         if len(self.text) != self.char_end - self.char_start:
             raise ValueError("chunk text length disagrees with its offsets")
+
+
+def check_query_list(queries) -> list[str]:
+    """queries: a list (or any iterable, read once) of strings -> that list; TypeError for one bare string (it
+    would be answered character by character), None, a non-iterable or a non-string element."""
+    if isinstance(queries, str):
+        raise TypeError("queries must be a list of strings, got one str; pass [question]")
+    try:
+        out = list(queries)
+    except TypeError:
+        raise TypeError(f"queries must be a list of strings, got {type(queries).__name__}") from None
+    for i, x in enumerate(out):
+        if not isinstance(x, str):
+            raise TypeError(f"queries must be strings; query {i} is {type(x).__name__} {x!r}")
+    return out

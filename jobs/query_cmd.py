@@ -87,6 +87,8 @@ def read_queries(path: str) -> tuple[list[str], list[str]]:
     """A queries file (or '-' for stdin lines) -> (ids, questions)."""
     if path == "-":
         questions = [line.rstrip("\n") for line in sys.stdin if line.strip()]
+        if not questions:
+            raise QascError("stdin (--queries -): no questions")
         return [str(i) for i in range(len(questions))], questions
     src = Path(path)
     if not src.is_file():
@@ -122,8 +124,11 @@ def read_queries(path: str) -> tuple[list[str], list[str]]:
     questions = columns[column]
     if "id" in columns:
         ids = [_id_text(x, path, i) for i, x in enumerate(columns["id"])]
-        if len(set(ids)) != len(ids):
-            raise QascError(f"{path}: duplicate values in the `id` column")
+        first: dict[str, int] = {}
+        for i, x in enumerate(ids):
+            if x in first:
+                raise QascError(f"{path}: duplicate id {x!r} in rows {first[x]} and {i}")
+            first[x] = i
     else:
         ids = [str(i) for i in range(len(questions))]
     for i, q in enumerate(questions):

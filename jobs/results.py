@@ -182,7 +182,7 @@ def print_table(ids: Sequence[str], questions: Sequence[str], results: Sequence[
     for qid, question, chunks in zip(ids, questions, results, strict=True):
         print(f"\n[{qid}] {question}", file=stream)
         if not chunks:
-            print("    (no chunk above the thresholds)", file=stream)
+            print("    (no chunk: none passed the score thresholds, or none fits --budget-tokens)", file=stream)
         for rank, c in enumerate(chunks):
             text = " ".join(c.text.split())
             text = text if len(text) <= 240 else text[:237] + "..."

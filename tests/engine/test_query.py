@@ -108,3 +108,18 @@ def test_chroma_general_every_question_answered(chroma_store):
     results = engine.query(questions, params)
     assert len(results) == 472 and all(results)
     _check_chunks(engine, results, params)
+
+
+def test_query_refuses_a_bare_string_none_and_dict_settings(demo_engine):
+    """A bare string would be answered character by character; None and dicts failed deep inside."""
+    with pytest.raises(TypeError, match=r"got one str; pass \[question\]"):
+        demo_engine.query("lens")
+    with pytest.raises(TypeError, match="got NoneType"):
+        demo_engine.query(None)
+    with pytest.raises(TypeError, match="query 1 is int"):
+        demo_engine.query(["fine?", 3])
+    with pytest.raises(TypeError, match="params must be a QascParams"):
+        demo_engine.query(["Who invented the Fresnel lens?"], params={"top_k": 1})
+    with pytest.raises(TypeError, match="retrieval must be a RetrievalConfig"):
+        demo_engine.query(["Who invented the Fresnel lens?"], retrieval={"depth": 4})
+    assert demo_engine.query([]) == []

@@ -90,6 +90,22 @@ def test_cli_query_rejects_bad_queries_file(demo_store, tmp_path, capsys):
     assert not out.exists()
 
 
+def test_cli_query_names_duplicate_ids_and_refuses_empty_stdin(demo_store, tmp_path, capsys, monkeypatch):
+    import io
+
+    from jobs.cli import main
+
+    dup = tmp_path / "dup.csv"
+    dup.write_text("id,question\nq0,A?\nq1,B?\nq0,C?\n")
+    assert main(["query", "--store", str(demo_store), "--queries", str(dup)]) == 2
+    assert "duplicate id 'q0' in rows 0 and 2" in capsys.readouterr().err
+    out = tmp_path / "out.jsonl"
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n  \n"))
+    assert main(["query", "--store", str(demo_store), "--queries", "-", "--out", str(out)]) == 2
+    assert "stdin (--queries -): no questions" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_ray_query_job_equals_local(demo_store, ray_session):
     """The Ray job's batches, in the order they are yielded, are the local path's rows (Ray Data keeps the
     shards' order: no sort on the driver)."""
