@@ -172,7 +172,11 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise QascError(f"--device: {exc}") from None
     # every flag checked against the store's settings before the model loads or anything is written
-    stored = EngineConfig.from_dict(read_manifest(args.store).get("config", {}))
+    manifest = read_manifest(args.store)
+    kind = manifest.get("index", {}).get("kind")
+    if args.nprobe is not None and kind != "ivf":
+        raise QascError(f"--nprobe applies to ivf stores; {args.store} has a {kind} index")
+    stored = EngineConfig.from_dict(manifest.get("config", {}))
     params, retrieval = params_from_args(args, stored.qasc, stored.retrieval)
     writer = ResultWriter(args.out) if args.out else None  # checks --out before any work
     started = time.perf_counter()

@@ -88,6 +88,8 @@ class QascParams:
             problems.append(f"min_seeds must be >= 0, got {self.min_seeds}")
         if self.max_seeds is not None and self.max_seeds < 1:
             problems.append(f"max_seeds must be >= 1, got {self.max_seeds}")
+        elif self.max_seeds is not None and self.min_seeds > self.max_seeds:
+            problems.append(f"min_seeds ({self.min_seeds}) must be <= max_seeds ({self.max_seeds})")
         if self.radius < 0:
             problems.append(f"radius (m) must be >= 0, got {self.radius}")
         if self.decay < 0:

@@ -86,7 +86,10 @@ def file_digest(path: Path) -> dict:
 
 
 def read_table(root: Path, rel: str, columns: list[str] | None = None) -> pa.Table:
-    """One Parquet file of the store, page checksums verified; QascError naming the file when it is bad."""
+    """One Parquet file of the store, page checksums verified; QascError naming the file when it is bad or
+    when rel points outside the store (a hand-edited manifest)."""
+    if ".." in Path(rel).parts or Path(rel).is_absolute():
+        raise QascError(f"{root}: the manifest points at {rel!r}, outside the store")
     try:
         return pq.read_table(root / rel, columns=columns, page_checksum_verification=True)
     except FileNotFoundError:

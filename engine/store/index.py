@@ -434,6 +434,8 @@ def load_index(root: Path, manifest: dict, nprobe: int | None = None):
     (nprobe: overrides the manifest's for an ivf index)."""
     entry = manifest["index"]
     path = root / entry["file"]
+    if entry["file"] not in manifest["checksums"]:
+        raise QascError(f"{path}: the index has no checksum in the manifest; run qasc verify")
     index = read_index_file(path, manifest["checksums"][entry["file"]]["sha256"])
     if index.ntotal != manifest["counts"]["sentences"] or index.d != manifest["dim"]:
         raise QascError(f"{path}: index holds {index.ntotal} x {index.d}, the store has "

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import torch
 
 from engine.config import EngineConfig
-from engine.errors import QascError
+from engine.errors import QascError, first_line
 from engine.store import index as faiss_index
 from engine.store.files import read_table
 from engine.store.manifest import check_sizes, read_manifest
@@ -44,9 +44,21 @@ IVF_INT8_MIN_LIST_ROWS = 128  # ... for lists of this many rows on average (smal
 def load_shard(root: Path, shard: dict, manifest: dict, out: np.ndarray | None = None
                ) -> tuple[list[Sentences], list[dict], list[str], np.ndarray, Headings]:
     """One shard -> (Sentences per document, metadata, sources, embeddings (n, dim) in the store's dtype, its
-    headings).
+    headings); QascError naming the shard when its tables are damaged in a way Parquet's own checks miss
+    (a flipped byte inside a string that is no longer utf-8, values of the wrong kind).
 
     out: the shard's rows of a preallocated (N, dim) array, filled and returned as the embeddings."""
+    try:
+        return _load_shard(root, shard, manifest, out)
+    except QascError:
+        raise
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError, pa.ArrowException) as exc:
+        raise QascError(f"{root / shard.get('sentences', '?')}: damaged shard ({first_line(exc)}); "
+                        f"run qasc verify") from None
+
+
+def _load_shard(root: Path, shard: dict, manifest: dict, out: np.ndarray | None = None
+                ) -> tuple[list[Sentences], list[dict], list[str], np.ndarray, Headings]:
     dim, dtype = manifest["dim"], manifest["dtype"]
     dt = read_table(root, shard["documents"])
     st = read_table(root, shard["sentences"])

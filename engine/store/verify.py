@@ -17,6 +17,14 @@ from engine.store.schema import STAGING
 from engine.types import Sentences
 
 
+def referenced_files(manifest: dict) -> list[str]:
+    """Every file a manifest points at: each shard's documents, sentences and headings tables, and the index."""
+    out = [shard[k] for shard in manifest["shards"] for k in ("documents", "sentences", "headings") if k in shard]
+    if manifest.get("index", {}).get("file"):
+        out.append(manifest["index"]["file"])
+    return out
+
+
 def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, bool, str]]:
     """Every integrity check of a store -> [(check, ok, detail)]; QascError if it is not a complete store.
 
@@ -38,6 +46,11 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
             problems.append(f"{rel} missing")
         elif file_digest(root / rel) != digest:
             problems.append(f"{rel} differs from the manifest (sha256/size)")
+    for rel in referenced_files(manifest):  # every file the manifest points at is inside the store and summed
+        if not (root / rel).resolve().is_relative_to(root.resolve()):
+            problems.append(f"{rel} lies outside the store")
+        if rel not in manifest["checksums"]:
+            problems.append(f"{rel} has no checksum in the manifest")
     check("checksums", problems, f"{len(manifest['checksums'])} files match the manifest")
 
     docs: list[Sentences] = []
@@ -58,6 +71,13 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
                          or len(manifest["shards"]) != counts["shards"]):
         problems.append(f"{len(docs)} documents / {n_sent} sentences, the manifest says "
                         f"{counts['documents']} / {counts['sentences']}")
+    row = doc = 0
+    for shard in manifest["shards"]:  # shards in order, their global row and document ranges contiguous
+        if int(shard.get("row_start", row)) != row or int(shard.get("doc_start", doc)) != doc:
+            problems.append(f"shard {shard.get('id')}: row_start/doc_start {shard.get('row_start')}/"
+                            f"{shard.get('doc_start')}, expected {row}/{doc}")
+        row += int(shard["n_sentences"])
+        doc += int(shard["n_documents"])
     check("tables", problems, f"{counts['shards']} shards, {counts['documents']} documents, "
                               f"{counts['sentences']} sentences readable, counts match")
     loaded = not problems
@@ -107,7 +127,12 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
     problems = []
     try:
         index = faiss_index.load_index(root, manifest)
-        if loaded and len(emb):
+        if int(index.ntotal) != int(manifest["index"]["ntotal"]) or int(index.ntotal) != int(counts["sentences"]):
+            problems.append(f"the index holds {index.ntotal} vectors; the manifest says {manifest['index']['ntotal']} "
+                            f"({counts['sentences']} sentences)")
+        if not loaded:
+            problems.append("vectors not checked: tables unreadable")
+        elif len(emb):
             rows = np.unique(rng.integers(0, len(emb), size=min(sample, len(emb))))
             got = faiss_index.reconstruct(index, rows)
             if not faiss_index.reconstruct_matches(manifest["index"], got, emb[rows]):

@@ -111,3 +111,44 @@ def test_not_a_store_exits_2(tmp_path, capsys):
     assert main(["verify", "--store", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "not a QASC store" in err
+
+
+def test_index_is_not_ok_when_the_tables_cannot_be_read(store):
+    _flip(store / "sentences" / "part-000000.parquet", 0.5)
+    result = {name: (ok, detail) for name, ok, detail in verify_store(store)}
+    assert not result["tables"][0]
+    assert not result["index"][0] and "not checked" in result["index"][1]
+
+
+def test_manifest_edits_that_used_to_pass(store, tmp_path):
+    """ntotal that is not the index's, a file without a checksum, a shard outside the store, a wrong row_start."""
+    base = tmp_path / "base"
+    shutil.copytree(store, base)
+
+    def fresh(name):
+        return Path(shutil.copytree(base, tmp_path / name))
+
+    s = fresh("ntotal")
+    rewrite_manifest(s, lambda m: m["index"].__setitem__("ntotal", m["index"]["ntotal"] + 1))
+    assert "index" in failed(s)
+
+    s = fresh("nosum")
+    rewrite_manifest(s, lambda m: m["checksums"].pop(m["shards"][0]["sentences"]))
+    assert "checksums" in failed(s)
+
+    s = fresh("outside")
+    rel = "../base/" + json.loads((s / "manifest.json").read_text())["shards"][0]["sentences"]
+
+    def outside(m):
+        old = m["shards"][0]["sentences"]
+        m["shards"][0]["sentences"] = rel
+        m["checksums"][rel] = m["checksums"].pop(old)
+
+    rewrite_manifest(s, outside)
+    assert {"checksums", "tables"} <= failed(s)
+    with pytest.raises(QascError, match="outside the store"):
+        Store.open(s)
+
+    s = fresh("rowstart")
+    rewrite_manifest(s, lambda m: m["shards"][-1].__setitem__("row_start", 5))
+    assert "tables" in failed(s)

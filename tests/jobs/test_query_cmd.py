@@ -59,6 +59,8 @@ def test_cli_query_jsonl_and_parquet(demo_store, tmp_path, capsys):
         (["--device", "tpu"], "--device: unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
         (["--device", "cuda:abc"], "--device: unknown device 'cuda:abc'"),
         (["--workers", "4"], "--workers 4 needs --ray"),
+        (["--nprobe", "4"], "--nprobe applies to ivf stores;"),
+        (["--min-seeds", "5", "--max-seeds", "2"], "min_seeds (5) must be <= max_seeds (2)"),
         (["--workers", "0"], "--workers must be >= 1, got 0"),
     ],
 )
