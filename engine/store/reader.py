@@ -38,6 +38,7 @@ IVF_SCAN_MIN_LIST_ROWS = 128
 # the torch scan's query weights in 8 bits (int8 products) on CPU: 1.6-1.9x the float32 scan at 1M rows, the same
 # recall@16 after the exact re-rank (bench/RESULTS.md); False: float32, FAISS's own scores
 IVF_INT8 = True
+OPEN_RETRIES = 3  # Store.open: reads again from a manifest that changed while it read (an append committed)
 IVF_INT8_MIN_LIST_ROWS = 128  # ... for lists of this many rows on average (smaller: float32 was faster, 20k rows)
 
 
@@ -176,9 +177,25 @@ class Store:
         load_index: "auto" loads the FAISS index of ivf / hnsw stores only (flat stores search exactly over
         their own vectors, no second copy), True always, False never (exact search).
         device: where the FAISS index lives (a cuda device moves it to that GPU when faiss has GPU support);
-        the vectors stay on CPU until `to_device`. nprobe: overrides an ivf index's inverted lists probed."""
+        the vectors stay on CPU until `to_device`. nprobe: overrides an ivf index's inverted lists probed.
+
+        An append that commits while this reads (it replaces the manifest, then removes the files the new one no
+        longer lists, such as the previous index) makes a file vanish under the reader: when loading fails and
+        the manifest has changed meanwhile, the store is read again from its new manifest (OPEN_RETRIES times)."""
         root = Path(path).expanduser().absolute()
         manifest = read_manifest(root)
+        for attempt in range(OPEN_RETRIES + 1):
+            try:
+                return cls._open(root, manifest, load_index, device, nprobe)
+            except QascError:
+                newer = read_manifest(root)
+                if newer == manifest or attempt == OPEN_RETRIES:
+                    raise
+                manifest = newer
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _open(cls, root: Path, manifest: dict, load_index: bool | str, device, nprobe: int | None) -> Store:
         check_sizes(root, manifest)
         dim, dtype = int(manifest["dim"]), manifest["dtype"]
         if dtype not in STORE_DTYPES:

@@ -152,3 +152,26 @@ def test_manifest_edits_that_used_to_pass(store, tmp_path):
     s = fresh("rowstart")
     rewrite_manifest(s, lambda m: m["shards"][-1].__setitem__("row_start", 5))
     assert "tables" in failed(s)
+
+
+def test_open_rereads_a_store_an_append_committed_meanwhile(store, tmp_path, tiny_model, monkeypatch):
+    """A reader that read the manifest just before an append committed finds the previous index file gone:
+    Store.open reads the store again from the new manifest instead of reporting a damaged store."""
+    appended = Path(shutil.copytree(store, tmp_path / "appended"))
+    ingest([str(write_corpus(tmp_path / "more", {"zz": "A new document. It has two sentences."}))], appended,
+           EngineConfig(embedder=EmbedderConfig(model=tiny_model)))
+    old_index = json.loads((store / "manifest.json").read_text())["index"]["file"]
+    assert json.loads((appended / "manifest.json").read_text())["index"]["file"] != old_index
+    real_open = Store._open.__func__
+    calls = []
+
+    def racing_open(cls, root, manifest, *args):
+        if not calls:  # the append commits between the reader's manifest read and its file reads
+            shutil.copytree(appended, root, dirs_exist_ok=True)
+            (root / old_index).unlink()
+        calls.append(manifest["counts"]["documents"])
+        return real_open(cls, root, manifest, *args)
+
+    monkeypatch.setattr(Store, "_open", classmethod(racing_open))
+    opened = Store.open(store, load_index=True)
+    assert "zz" in opened.doc_ids and len(calls) == 2 and calls[1] == calls[0] + 1
