@@ -72,8 +72,8 @@ def chunk(
     if not isinstance(doc_id, str):
         raise TypeError(f"doc_id must be a str, got {type(doc_id).__name__}")
     queries = check_query_list(queries)
-    for i, x in enumerate(queries):
-        if not isinstance(x, str) or not x.strip():
+    for i, x in enumerate(queries):  # strings already (check_query_list); none may be blank
+        if not x.strip():
             raise ValueError(f"every query must be a non-empty string; query {i} is {x!r}")
     embedder = embedder or embedder_from(config)
     sents, sent_emb = prepare(text, embedder, config, doc_id)

@@ -96,10 +96,10 @@ def best_paths(query: torch.Tensor, heading_emb: torch.Tensor, j: int, heading_l
     table = heading_low if heading_low is not None else heading_emb
     short = torch.empty((n_q, wide), dtype=torch.long, device=query.device)
     step = max(1, block_elements // max(n_h, 1))
+    low = heading_low is not None
     for lo in range(0, n_q, step):
         scores = query[lo : lo + step].to(table.dtype) @ table.T  # (step, H)
         # exact: equal scores at the cut keep the lower paths; low precision: near-ties are approximate anyway
-        low = heading_low is not None
         short[lo : lo + step] = scores.topk(wide, dim=1).indices if low else row_top_k(scores, wide)[1]
     short = short.sort(dim=1).values  # path order, so that the stable sort below keeps equal scores lower first
     exact = torch.bmm(heading_emb[short], query[:, :, None])[..., 0] if wide else query.new_zeros((n_q, 0))

@@ -11,7 +11,7 @@ import numpy as np
 from engine.errors import QascError, first_line
 from engine.store import index as faiss_index
 from engine.store.files import file_digest
-from engine.store.manifest import read_manifest
+from engine.store.manifest import read_manifest, shard_files
 from engine.store.reader import load_shard
 from engine.store.schema import STAGING
 from engine.types import Sentences
@@ -19,7 +19,7 @@ from engine.types import Sentences
 
 def referenced_files(manifest: dict) -> list[str]:
     """Every file a manifest points at: each shard's documents, sentences and headings tables, and the index."""
-    out = [shard[k] for shard in manifest["shards"] for k in ("documents", "sentences", "headings") if k in shard]
+    out = [rel for shard in manifest["shards"] for rel in shard_files(shard)]
     if manifest.get("index", {}).get("file"):
         out.append(manifest["index"]["file"])
     return out
