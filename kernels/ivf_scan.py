@@ -13,7 +13,9 @@ so one (m, D) x (D, n) product per list over the raw codes (cast to float, exact
 The top k per query is kept without sorting every list's scores: a first pass scores each query against its
 nearest list only (all of it), which fixes a k-th best score per query; later lists keep only the scores at or
 above that running threshold (raised after 1, 2, 4, ... lists, then every `REFRESH_LISTS`, by merging the new
-entries' best into dense (Q, k) tables), so only a few hundred entries per query are ever sorted. The result is
+entries' best into dense (Q, k) tables, one int64 key per entry: `rank_keys`), so only a few hundred entries per
+query are ever sorted. A list's queries are scored SCAN_TILE_ELEMENTS products at a time (the memory bounded
+whatever the batch and the list's size, the tile still in cache for the threshold test). The result is
 the exact top k of the scanned codes (the threshold never drops an entry that could reach the final k), equal
 scores resolved to the lower row whatever the batch.
 
@@ -32,6 +34,7 @@ import torch
 REFRESH_LISTS = 256  # lists scanned between two raises of the running thresholds (after the first 1, 2, 4, ...)
 MAX_CANDIDATES = 1 << 20  # candidate entries held before an early merge (20 MiB of queries, scores, rows)
 PROBE_BLOCK_ELEMENTS = 1 << 22  # query x centroid scores per block of the coarse search
+SCAN_TILE_ELEMENTS = 1 << 20  # query x row products per block of one list (4 MiB of int32): bounds the scan's memory
 
 
 def probe_lists(query: torch.Tensor, centroids: torch.Tensor, nprobe: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -46,18 +49,28 @@ def probe_lists(query: torch.Tensor, centroids: torch.Tensor, nprobe: int) -> tu
     return vals, lists
 
 
+def rank_keys(scores: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """scores float32, rows int64 (-1: none) of one shape -> int64 keys of that shape whose ascending order is
+    score descending, then row ascending (rows -1 last among equal scores): the score's float32 bits mapped to an
+    order-preserving int32 (-0.0 taken as 0.0) in the high half, the row in the low half (rows < 2**32 - 1)."""
+    bits = (scores.to(torch.float32) + 0.0).view(torch.int32)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # signed order of the ints = order of the floats (no NaN)
+    low = torch.where(rows >= 0, rows, torch.full_like(rows, 0xFFFFFFFF))
+    return ((-ordered.to(torch.int64)) << 32) | low
+
+
 def top_k_per_query(query_of: torch.Tensor, scores: torch.Tensor, rows: torch.Tensor, n_queries: int,
                     k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidate entries (E,) query int64, score float32, row int64 -> per query its k best: scores (Q, k)
-    float32 (-inf where fewer), rows (Q, k) int64 (-1 there), by score descending, equal scores lower row first."""
+    float32 (-inf where fewer), rows (Q, k) int64 (-1 there), by score descending, equal scores lower row first
+    (one sort by `rank_keys`, then a stable one by query)."""
     out_s = torch.full((n_queries, k), float("-inf"), dtype=torch.float32, device=scores.device)
     out_r = torch.full((n_queries, k), -1, dtype=torch.long, device=scores.device)
     if scores.numel() == 0:
         return out_s, out_r
-    order = torch.sort(rows, stable=True).indices
-    order = order[torch.sort(scores[order], descending=True, stable=True).indices]
+    order = torch.sort(rank_keys(scores, rows)).indices
     order = order[torch.sort(query_of[order], stable=True).indices]  # by query, then score desc, then row asc
-    q_sorted = query_of[order]
+    q_sorted = query_of[order].long()
     counts = torch.bincount(q_sorted, minlength=n_queries)
     rank = torch.arange(order.numel(), device=scores.device) - (torch.cumsum(counts, 0) - counts)[q_sorted]
     keep = rank < k
@@ -110,11 +123,8 @@ class _Candidates:
             new_s, new_r = top_k_per_query(query_of, scores, rows, self.n_queries, self.k)
             self.best_s, self.best_r = torch.cat([self.best_s, new_s], 1), torch.cat([self.best_r, new_r], 1)
             self.parts, self.size = [], 0
-        by_row = torch.where(self.best_r >= 0, self.best_r, torch.full_like(self.best_r, 1 << 62))
-        order = by_row.argsort(dim=1, stable=True)  # then a stable sort by score: ties lower row first
-        s, r = self.best_s.gather(1, order), self.best_r.gather(1, order)
-        order = torch.sort(s, dim=1, descending=True, stable=True).indices[:, : self.k]
-        self.best_s, self.best_r = s.gather(1, order), r.gather(1, order)
+        order = torch.topk(rank_keys(self.best_s, self.best_r), self.k, dim=1, largest=False).indices
+        self.best_s, self.best_r = self.best_s.gather(1, order), self.best_r.gather(1, order)
         self.threshold = self.best_s[:, -1].clone()
         return self.best_s, self.best_r
 
@@ -212,26 +222,29 @@ def ivf_sq8_topk(
             codes, rows = list_codes[lst], list_rows[lst]
             if codes.shape[0] == 0:
                 continue
-            who = who_all[ends[lst] - sizes[lst] : ends[lst]].long()  # (m,) queries probing this list
-            off = pair_off[ends[lst] - sizes[lst] : ends[lst]]  # (m,)
-            if int8:  # (m, n) int32; score = off + step * raw
-                raw = _int8_products(q_scaled.index_select(0, who), _signed_codes(codes))
-                scale = step.index_select(0, who)
-            else:  # (m, n) float32 scores
-                raw = torch.addmm(off[:, None], q_scaled.index_select(0, who), codes.T.to(torch.float32))
-            if first:  # each query once: its best k of this list go straight into its table row
-                scores = off[:, None] + scale[:, None] * raw.to(torch.float32) if int8 else raw
-                best, got = row_top_k(scores, k, rows)
-                cand.best_s[who, : best.shape[1]], cand.best_r[who, : best.shape[1]] = best, got
-                continue
-            limit = cand.threshold.index_select(0, who)
-            if int8:  # the threshold in raw units, rounded down one step (a superset: the merge decides)
-                limit = ((limit - off) / scale).floor().clamp(-(2.0**30), 2.0**30).to(torch.int32) - 1  # -inf: all
-            hit_q, hit_c = _hits(raw, limit)
-            if hit_q.numel():
-                got = raw[hit_q, hit_c]
-                cand.add(who[hit_q], off[hit_q] + scale[hit_q] * got.to(torch.float32) if int8 else got,
-                         rows[hit_c])
+            side = _signed_codes(codes) if int8 else codes.T.to(torch.float32)  # (n, D) int8 | (D, n) float32
+            tile = max(1, SCAN_TILE_ELEMENTS // codes.shape[0])  # queries per product: (tile, n) scores at most
+            for lo in range(ends[lst] - sizes[lst], ends[lst], tile):
+                who = who_all[lo : min(lo + tile, ends[lst])].long()  # (m,) queries probing this list
+                off = pair_off[lo : lo + who.shape[0]]  # (m,)
+                if int8:  # (m, n) int32; score = off + step * raw
+                    raw = _int8_products(q_scaled.index_select(0, who), side)
+                    scale = step.index_select(0, who)
+                else:  # (m, n) float32 scores
+                    raw = torch.addmm(off[:, None], q_scaled.index_select(0, who), side)
+                if first:  # each query once: its best k of this list go straight into its table row
+                    scores = off[:, None] + scale[:, None] * raw.to(torch.float32) if int8 else raw
+                    best, got = row_top_k(scores, k, rows)
+                    cand.best_s[who, : best.shape[1]], cand.best_r[who, : best.shape[1]] = best, got
+                    continue
+                limit = cand.threshold.index_select(0, who)
+                if int8:  # the threshold in raw units, rounded down one step (a superset: the merge decides)
+                    limit = ((limit - off) / scale).floor().clamp(-(2.0**30), 2.0**30).to(torch.int32) - 1
+                hit_q, hit_c = _hits(raw, limit)
+                if hit_q.numel():
+                    got = raw[hit_q, hit_c]
+                    cand.add(who[hit_q], off[hit_q] + scale[hit_q] * got.to(torch.float32) if int8 else got,
+                             rows[hit_c])
             scanned += 1
             if scanned >= next_merge:  # loose thresholds early: raise them after 1, 2, 4, ... lists
                 cand.merge()

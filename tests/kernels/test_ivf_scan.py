@@ -53,12 +53,14 @@ def assert_same_topk(fast: tuple[torch.Tensor, torch.Tensor], slow: tuple[torch.
 
 
 @settings(max_examples=250, deadline=None, database=None)
-@given(inverted_lists(), st.sampled_from([(1, 1), (2, 3), (256, 1 << 23)]), st.booleans())
-def test_ivf_sq8_topk_matches_reference(case: dict, limits: tuple[int, int], int8: bool) -> None:
-    """Early merges (every list, or every few entries) change nothing but the memory held; the int8 scan equals its
-    twin's int8 scores (thresholds compared in integer units never drop an entry)."""
+@given(inverted_lists(), st.sampled_from([(1, 1, 1), (2, 3, 5), (256, 1 << 23, 1 << 22)]), st.booleans())
+def test_ivf_sq8_topk_matches_reference(case: dict, limits: tuple[int, int, int], int8: bool) -> None:
+    """Early merges (every list, or every few entries) and small tiles (one query per product) change nothing but
+    the memory held; the int8 scan equals its twin's int8 scores (thresholds compared in integer units never drop
+    an entry)."""
     case = {**case, "int8": int8}
-    with mock.patch.object(scan, "REFRESH_LISTS", limits[0]), mock.patch.object(scan, "MAX_CANDIDATES", limits[1]):
+    with mock.patch.object(scan, "REFRESH_LISTS", limits[0]), mock.patch.object(scan, "MAX_CANDIDATES", limits[1]), \
+            mock.patch.object(scan, "SCAN_TILE_ELEMENTS", limits[2]):
         fast = scan.ivf_sq8_topk(**case)
     slow = ref.ivf_sq8_topk(**case)
     n_rows = sum(len(r) for r in case["list_rows"]) or 1
@@ -85,6 +87,30 @@ def test_top_k_per_query_orders_ties_by_row() -> None:
     best_s, best_r = scan.top_k_per_query(q, s, r, 3, 3)
     assert best_r.tolist() == [[3, 2, 5], [9, -1, -1], [-1, -1, -1]]
     assert best_s[0].tolist() == [pytest.approx(0.9), 0.5, 0.5] and torch.isinf(best_s[2]).all()
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.lists(st.tuples(st.sampled_from([0.5, -0.5, 0.0, -0.0, 1e-30, -1e-30, 3.0e38, float("-inf"),
+                                           float("inf"), 0.25]), st.integers(-1, 2**32 - 2)), max_size=40))
+def test_rank_keys_order_score_descending_then_row(entries: list[tuple[float, int]]) -> None:
+    """Ascending keys = the sort by (-score, row) that Python does, rows -1 after every row of an equal score
+    (-0.0 equal to 0.0); ties among identical entries only."""
+    s = torch.tensor([e[0] for e in entries], dtype=torch.float32)
+    r = torch.tensor([e[1] for e in entries], dtype=torch.long)
+    got = [entries[i] for i in torch.argsort(scan.rank_keys(s, r), stable=True).tolist()]
+    key = lambda e: (-e[0], e[1] if e[1] >= 0 else float("inf"))  # noqa: E731
+    assert [key(e) for e in got] == sorted(key(e) for e in entries)
+
+
+def test_top_k_per_query_keeps_the_lower_row_of_equal_scores_in_the_merge() -> None:
+    """The dense merge (rank_keys, top k) gives the same tables whatever the order the entries arrived in."""
+    cand = scan._Candidates(2, 3, torch.device("cpu"))
+    cand.add(torch.tensor([0, 0, 1]), torch.tensor([0.5, 0.5, -0.0]), torch.tensor([9, 4, 6]))
+    cand.merge()
+    cand.add(torch.tensor([0, 1, 1]), torch.tensor([0.5, 0.0, 0.7]), torch.tensor([1, 2, 8]))
+    best_s, best_r = cand.merge()
+    assert best_r.tolist() == [[1, 4, 9], [8, 2, 6]]
+    assert best_s[0].tolist() == [0.5, 0.5, 0.5] and cand.threshold.tolist() == [0.5, 0.0]
 
 
 def test_ivf_sq8_topk_equals_faiss_search() -> None:
