@@ -12,7 +12,6 @@ export RAY_AUTH_MODE ?= disabled
 export RAY_DATA_DISABLE_PROGRESS_BARS ?= 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
-export OMP_WAIT_POLICY ?= PASSIVE
 
 .PHONY: demo test install lint clean gpu-pack
 
@@ -31,6 +30,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m jobs.cli demo
 
+# the test suite runs Ray workers beside pytest on 2 cores: OpenMP threads sleep at once (jobs/env.py)
+test: export OMP_WAIT_POLICY ?= PASSIVE
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
 

@@ -30,6 +30,7 @@ from engine.assemble import ChunkColumns, RowTable, assemble_columns
 from engine.config import EngineConfig, RetrievalConfig
 from engine.embedder import Embedder, cpu_has_native_bf16
 from engine.errors import QascError
+from engine.threads import ThreadGovernor
 from engine.types import Chunk, Sentences, check_query_list
 from kernels.candidates import CandidateRows, candidate_rows
 from kernels.context import best_paths, context_boost, heading_gate, heading_residual
@@ -397,7 +398,9 @@ class Engine:
         slice_size: int = DEFAULT_SLICE_SIZE,
     ) -> Iterator[tuple[int, ChunkColumns]]:
         """query_emb (Q, dim) -> per slice of `slice_size` queries, (its first query's index, its chunks as
-        columns). Memory stays at one slice's kernels and results whatever Q is.
+        columns). Memory stays at one slice's kernels and results whatever Q is. On CPU the batch runs under
+        `engine.threads.ThreadGovernor` (one torch thread while the process waits for a core; the caller's
+        thread count restored at the end).
 
         query_emb may be on any device and of any float dtype (a numpy array too): it is moved to the engine's
         device as float32 first (queries are few: they keep full precision whatever the store's dtype)."""
@@ -412,21 +415,28 @@ class Engine:
         step = slice_size if self.device.type == "cuda" else min(slice_size, KERNEL_SLICE_QUERIES_CPU)
         pool = None
         n = query_emb.shape[0]
-        for lo in range(0, n, slice_size):
-            hi = min(lo + slice_size, n)
-            if self.n_total == 0:
-                yield lo, ChunkColumns.empty(hi - lo)
-                continue
-            if lo % block == 0:  # one search for the next slices: the ivf scan is faster on many queries at once
-                pool = self.search(query_emb[lo : lo + block], self.pool_width(params, retrieval))
-            parts = []
-            for a in range(lo, hi, step):  # kernels and assembly a bounded block of queries at a time
-                b = min(a + step, hi)
-                batch, cand = self.run_batch(query_emb[a:b], params, retrieval, pool[a % block : a % block + b - a])
-                rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
-                parts.append(assemble_columns(batch, rows, table))
-                del batch, cand, rows  # freed before the next block's kernels run
-            yield lo, ChunkColumns.concat(parts)
+        governor = ThreadGovernor(threads=1 if self.device.type != "cpu" else None)  # CPU: 1 thread when busy
+        try:
+            for lo in range(0, n, slice_size):
+                hi = min(lo + slice_size, n)
+                if self.n_total == 0:
+                    yield lo, ChunkColumns.empty(hi - lo)
+                    continue
+                if lo % block == 0:  # one search for the next slices: the ivf scan is faster on many queries at once
+                    pool = self.search(query_emb[lo : lo + block], self.pool_width(params, retrieval))
+                    governor.step()
+                parts = []
+                for a in range(lo, hi, step):  # kernels and assembly a bounded block of queries at a time
+                    b = min(a + step, hi)
+                    batch, cand = self.run_batch(query_emb[a:b], params, retrieval,
+                                                 pool[a % block : a % block + b - a])
+                    rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
+                    parts.append(assemble_columns(batch, rows, table))
+                    del batch, cand, rows  # freed before the next block's kernels run
+                    governor.step()
+                yield lo, ChunkColumns.concat(parts)
+        finally:
+            governor.close()
 
     def query_embedded(
         self,
