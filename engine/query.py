@@ -51,6 +51,7 @@ DEFAULT_SLICE_SIZE = 2048  # queries per slice: embedded, answered and yielded (
 # 512 1.5x, 256 2.2x (bench/RESULTS.md). CUDA devices take the whole slice (fewer launches).
 KERNEL_SLICE_QUERIES_CPU = 1024
 SEARCH_BLOCK_QUERIES = 8192  # queries per search: whole slices (the ivf scan does 1.5x the queries/s at 10k as at 2k)
+GOVERNED_MIN_QUERIES = 256  # smaller batches skip the thread governor (its start check sleeps ~1 ms)
 CONTEXT_POOL = 32  # heading context: the gate's pool, the top rows by raw cosine
 CONTEXT_PATHS = 8  # pre-retrieval: the rows of this many best-matching heading paths join the rerank
 HEADING_SHORTLIST_MIN_PATHS = 4096  # below this many heading paths the float32 product is cheap: no shortlist
@@ -415,7 +416,8 @@ class Engine:
         step = slice_size if self.device.type == "cuda" else min(slice_size, KERNEL_SLICE_QUERIES_CPU)
         pool = None
         n = query_emb.shape[0]
-        governor = ThreadGovernor(threads=1 if self.device.type != "cpu" else None)  # CPU: 1 thread when busy
+        # CPU batches of GOVERNED_MIN_QUERIES or more: torch on one thread while the process waits for a core
+        governor = ThreadGovernor(threads=None if self.device.type == "cpu" and n >= GOVERNED_MIN_QUERIES else 1)
         try:
             for lo in range(0, n, slice_size):
                 hi = min(lo + slice_size, n)

@@ -88,7 +88,7 @@ def test_the_kernel_reports_run_delay_and_runnable_threads_on_linux():
 
 def test_engine_batches_run_under_the_governor_and_restore_torch_threads(monkeypatch):
     """Every slice counted as busy: the slices after the first run at one thread, and the caller's count is back
-    once the batch ends, also when the consumer stops early."""
+    once the batch ends, also when the consumer stops early; small batches are left alone."""
     import engine.query as query
     from engine.config import EngineConfig
     from tests.engine.test_store_memory import memory_store
@@ -102,6 +102,11 @@ def test_engine_batches_run_under_the_governor_and_restore_torch_threads(monkeyp
     try:
         eng = query.Engine(memory_store("float32", n=600), None, EngineConfig(), torch.device("cpu"))
         q = torch.nn.functional.normalize(eng.embeddings[::7][:40] + 0.01, dim=1)
+        seen = []
+        for _ in eng.query_columns(q, slice_size=8):  # 40 queries: under GOVERNED_MIN_QUERIES, never governed
+            seen.append(torch.get_num_threads())
+        assert seen == [2] * 5
+        monkeypatch.setattr(query, "GOVERNED_MIN_QUERIES", 1)
         seen, want = [], eng.query_embedded(q, slice_size=40)
         for i, _ in enumerate(eng.query_columns(q, slice_size=8)):
             seen.append(torch.get_num_threads())
