@@ -13,7 +13,8 @@ spinning takes their time slices: three such processes on 2 cores ran at ~245 q/
 Linux) over each slice: above BUSY_SHARE of the slice's wall time it drops torch to one thread (no parallel
 regions, so nothing spins); once a slice waits under CALM_SHARE it gives the threads back. The thread count the
 caller had is restored when the batch ends. Where schedstat is missing, or torch runs one thread already, it
-does nothing. QASC_THREAD_GOVERNOR=0 turns it off.
+does nothing. QASC_THREAD_GOVERNOR=0 turns it off. Torch's thread count is process-wide: batches run at the same
+time from several Python threads of one process share it (run them in processes of their own, or turn this off).
 """
 
 from __future__ import annotations
