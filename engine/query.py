@@ -33,7 +33,7 @@ from engine.errors import QascError
 from engine.threads import ThreadGovernor
 from engine.types import Chunk, Sentences, check_query_list
 from kernels.candidates import CandidateRows, candidate_rows
-from kernels.context import best_paths, context_boost, heading_gate, heading_residual
+from kernels.context import best_paths, context_boost, heading_gate, heading_residual, packed_path_rows
 from kernels.extents import block_stats, neighbour_dots
 from kernels.gather import gathered_dots, segment_first
 from kernels.params import QascParams
@@ -324,11 +324,7 @@ class Engine:
         spread, cref = heading_gate(self.heading_sims(query, gate_path), gate_path, pool_valid[:, :g])
         heading_emb = self.heading_tensors()[0]
         best = best_paths(query, heading_emb, CONTEXT_PATHS, self.heading_low())[1]  # (Q, J)
-        count = path_count[best].clamp(max=CONTEXT_PATH_ROWS)  # (Q, J)
-        width = int(count.max()) if count.numel() else 0
-        offs = torch.arange(width, device=self.device)
-        extra_valid = (offs < count[..., None]).reshape(q, -1)  # (Q, J * width)
-        extra = path_rows[(path_start[best][..., None] + offs).clamp(max=max(len(path_rows) - 1, 0))].reshape(q, -1)
+        extra, extra_valid = packed_path_rows(best, path_start, path_count.clamp(max=CONTEXT_PATH_ROWS), path_rows)
         rows = torch.cat([pool, extra], dim=1)
         valid = torch.cat([pool_valid, extra_valid], dim=1)
         key, _ = torch.where(valid, rows, torch.full_like(rows, n)).sort(dim=1)  # rows ascending, invalid last

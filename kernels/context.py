@@ -105,3 +105,23 @@ def best_paths(query: torch.Tensor, heading_emb: torch.Tensor, j: int, heading_l
     exact = torch.bmm(heading_emb[short], query[:, :, None])[..., 0] if wide else query.new_zeros((n_q, 0))
     order = exact.sort(dim=1, descending=True, stable=True).indices[:, :jj]
     return exact.gather(1, order), short.gather(1, order)
+
+
+def packed_path_rows(paths: torch.Tensor, path_start: torch.Tensor, path_count: torch.Tensor,
+                     path_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """paths (Q, J) int64 heading paths per query, path_start / path_count (H,) int64 each path's first entry and
+    entries in path_rows (R,) int64 (CSR) -> rows (Q, T) int64 and valid (Q, T) bool: each query's paths' rows
+    laid end to end in path order (path j's count rows, then path j + 1's), T = the most rows of any query. Packed,
+    not padded per path: a block whose queries mostly pick short paths is not as wide as J x its longest path."""
+    n_q, n_j = paths.shape
+    count = path_count[paths] if n_j else paths.new_zeros((n_q, 0))  # (Q, J)
+    ends = count.cumsum(1)  # (Q, J) entries up to and including path j
+    total = ends[:, -1] if n_j else paths.new_zeros(n_q)
+    width = int(total.max()) if n_q else 0
+    t = torch.arange(width, device=paths.device).expand(n_q, width)  # (Q, T)
+    valid = t < total[:, None]
+    if width == 0:
+        return paths.new_zeros((n_q, 0)), valid
+    j = torch.searchsorted(ends, t.contiguous(), right=True).clamp(max=n_j - 1)  # (Q, T) the path holding entry t
+    at = path_start[paths].gather(1, j) + t - (ends - count).gather(1, j)
+    return path_rows[at.clamp(min=0, max=max(len(path_rows) - 1, 0))], valid

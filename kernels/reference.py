@@ -833,3 +833,19 @@ def best_paths(query: torch.Tensor, heading_emb: torch.Tensor, j: int, heading_l
     n = query.shape[0]
     return (_to_tensor(scores, (n, jj), torch.float32, query.device),
             _to_tensor(paths, (n, jj), torch.long, query.device))
+
+
+def packed_path_rows(paths: torch.Tensor, path_start: torch.Tensor, path_count: torch.Tensor,
+                     path_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Twin of kernels.context.packed_path_rows: per query, its paths' rows appended one path after the other; rows
+    past a query's end are -1 (invalid)."""
+    per_query = []
+    for q_paths in paths.tolist():
+        got = []
+        for p in q_paths:
+            s, c = int(path_start[p]), int(path_count[p])
+            got.extend(int(r) for r in path_rows[s : s + c].tolist())
+        per_query.append(got)
+    width = max((len(g) for g in per_query), default=0)
+    rows = torch.tensor([g + [-1] * (width - len(g)) for g in per_query], dtype=torch.long).reshape(len(paths), width)
+    return rows, rows >= 0

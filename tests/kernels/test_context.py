@@ -147,3 +147,23 @@ def test_best_paths_shortlist_rescored_exactly() -> None:
     s, p = kernels.best_paths(query, emb, 8, emb.bfloat16(), block_elements=1000)
     assert torch.equal(p, exact_p) and torch.allclose(s, exact_s, atol=1e-6)
     assert torch.allclose(s, (query @ emb.T).topk(8, dim=1).values, atol=1e-6)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(counts=st.lists(st.integers(0, 5), min_size=1, max_size=6), n_q=st.integers(0, 4), n_j=st.integers(1, 4),
+       seed=st.integers(0, 2**31 - 1), cap=st.sampled_from([None, 1, 3]))
+def test_packed_path_rows_equals_reference(counts: list[int], n_q: int, n_j: int, seed: int, cap: int | None):
+    """Random CSR paths (empty ones too, entries in any order, capped counts as the engine passes them) and
+    random path picks per query (repeats too): the same valid rows in the same order, as wide as the longest."""
+    from kernels.context import packed_path_rows
+
+    g = torch.Generator().manual_seed(seed)
+    count = torch.tensor(counts, dtype=torch.long)
+    start = torch.cumsum(count, 0) - count
+    rows = torch.randperm(int(count.sum()) + 3, generator=g)[: int(count.sum())]
+    paths = torch.randint(0, len(counts), (n_q, n_j), generator=g)
+    used = count if cap is None else count.clamp(max=cap)
+    got_rows, got_valid = packed_path_rows(paths, start, used, rows)
+    want_rows, want_valid = ref.packed_path_rows(paths, start, used, rows)
+    assert got_rows.shape == got_valid.shape == want_rows.shape and torch.equal(got_valid, want_valid)
+    assert torch.equal(got_rows[got_valid], want_rows[want_valid])
