@@ -29,6 +29,7 @@ BUSY_SHARE = 0.10  # the thread waited this share of a slice for a core: another
 CALM_SHARE = 0.02  # ... under this share at one thread: the cores are free again
 SCHEDSTAT = "/proc/thread-self/schedstat"  # "<ns on a cpu> <ns waiting on a run queue> <time slices>"
 LOADAVG = "/proc/loadavg"  # "<1 min> <5 min> <15 min> <runnable>/<threads> <last pid>"
+HISTORY_STEPS = 64  # steps kept in ThreadGovernor.history (a batch of any length holds no more)
 
 
 def runnable_others(samples: int = 3, gap_s: float = 0.0005) -> int | None:
@@ -73,7 +74,7 @@ class ThreadGovernor:
         self.threads = self.base
         self.enabled = (self.base > 1 and os.environ.get("QASC_THREAD_GOVERNOR", "1") != "0"
                         and read_delay() is not None)
-        self.history: list[tuple[float, int]] = []  # per step: (the slice's run-delay share, threads chosen)
+        self.history: list[tuple[float, int]] = []  # the last steps: (the slice's run-delay share, threads chosen)
         if self.enabled:  # the first slice's search is long: start at one thread if the cores are taken already
             others = read_others()
             if others is not None and others + self.base > (os.cpu_count() or 1):
@@ -103,6 +104,7 @@ class ThreadGovernor:
             self.set_threads(want)
             self.threads = want
         self.history.append((share, want))
+        del self.history[:-HISTORY_STEPS]
         return self.threads
 
     def close(self) -> None:
