@@ -21,7 +21,7 @@ import bisect
 from collections.abc import Iterator, Sequence
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -30,12 +30,14 @@ from engine.assemble import ChunkColumns, RowTable, assemble_columns
 from engine.config import EngineConfig, RetrievalConfig
 from engine.embedder import Embedder, cpu_has_native_bf16
 from engine.errors import QascError
+from engine.lexical import LexicalIndex
 from engine.threads import ThreadGovernor
 from engine.types import Chunk, Sentences, check_query_list
 from kernels.candidates import CandidateRows, candidate_rows
 from kernels.context import best_paths, context_boost, heading_gate, heading_residual, packed_path_rows
 from kernels.extents import block_stats, neighbour_dots
 from kernels.gather import gathered_dots, segment_first
+from kernels.lexical import lexical_boost, lexical_scores
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
 
@@ -82,6 +84,17 @@ def store_vectors(store, device: torch.device) -> torch.Tensor:
         emb = torch.from_numpy(np.ascontiguousarray(emb if emb.dtype in (np.float16, np.float32) else
                                                     emb.astype(np.float32)))
     return emb.to(device)
+
+
+class LexicalTerm(NamedTuple):
+    """One batch's gated lexical term: the queries' known terms (CSR), the most a row can score per query, and
+    params.lexical_weight / lexical_spread (engine.lexical, kernels.lexical)."""
+
+    query_ptr: torch.Tensor  # (Q+1,) int64
+    query_terms: torch.Tensor  # (T,) int64
+    best: torch.Tensor  # (Q,) float32
+    weight: float
+    max_spread: float | None
 
 
 class Engine:
@@ -293,6 +306,35 @@ class Engine:
         c = gathered_dots(self.heading_tensors()[0], query, first_path.clamp(min=0), first_path >= 0)
         return torch.where(path >= 0, c.gather(1, seg), torch.zeros(path.shape, device=c.device))
 
+    def lexical_index(self) -> LexicalIndex:
+        """The store rows' BM25 weights (`engine.lexical.LexicalIndex`) on the engine's device: built from the
+        sentences' texts on first use and kept."""
+        if getattr(self, "_lexical", None) is None:
+            texts = (doc.text[a:b] for doc in self.store.docs
+                     for a, b in zip(doc.char_start.tolist(), doc.char_end.tolist(), strict=True))
+            self._lexical = LexicalIndex.build(texts, self.device)
+        return self._lexical
+
+    def lexical_term(self, params: QascParams, questions: Sequence[str] | None, n: int) -> LexicalTerm | None:
+        """The gated lexical term of a batch of n queries: None when params.lexical_weight is 0, the store is
+        empty or the questions' texts are not given (queries as vectors only: there are no words to match);
+        QascError when their count is not n."""
+        if params.lexical_weight <= 0 or self.n_total == 0 or questions is None:
+            return None
+        if len(questions) != n:
+            raise QascError(f"{len(questions)} question texts for {n} query vectors")
+        index = self.lexical_index()
+        ptr, terms, best = index.query_terms(questions)
+        return LexicalTerm(ptr, terms, best, params.lexical_weight, params.lexical_spread)
+
+    def lexical_boost(self, term: LexicalTerm, rows: torch.Tensor, valid: torch.Tensor,
+                      spread: torch.Tensor) -> torch.Tensor:
+        """rows/valid (Q, L), spread (Q,) -> the gated lexical boost (Q, L) float32 of those rows."""
+        index = self.lexical_index()
+        scores = lexical_scores(index.row_ptr, index.row_terms, index.row_weights, term.query_ptr,
+                                term.query_terms, index.vocab_size, rows, valid)
+        return lexical_boost(scores, valid, term.best, spread.to(scores.device), term.weight, term.max_spread)
+
     def pool_width(self, params: QascParams, retrieval: RetrievalConfig) -> int:
         """The rows one search returns per query for `run_batch`: the depth, or the heading context's pool."""
         depth = min(retrieval.depth, max(self.n_total, 1))
@@ -303,14 +345,14 @@ class Engine:
 
     def context_hits(
         self, query_emb: torch.Tensor, depth: int, weight: float, pool: torch.Tensor | None = None,
-        residual: float = 0.0,
+        residual: float = 0.0, lexical: LexicalTerm | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """query_emb (Q, dim), depth, weight w > 0 -> hits (Q, depth) int64 (-1 where missing), spread (Q,),
         cref (Q,) float32: one search of max(depth, CONTEXT_POOL) rows; the gate over its first CONTEXT_POOL;
         the hits are the best `depth` rows by cosine + boost among those rows and the first CONTEXT_PATH_ROWS
         rows of each of the CONTEXT_PATHS paths most similar to the query (ties: lower row first). pool: that
         search's result when already done (`pool_width` rows per query). residual: beta of the heading residual
-        taken off the rows' cosines (0: none)."""
+        taken off the rows' cosines (0: none). lexical: the batch's gated lexical term (`lexical_term`), added too."""
         _, row_heading, path_start, path_count, path_rows = self.heading_tensors()
         query = query_emb.to(device=self.device, dtype=torch.float32)
         q, n = query.shape[0], self.n_total
@@ -336,6 +378,8 @@ class Engine:
         score = self.candidate_sims(query, rows, valid) + context_boost(c, path, valid, spread, cref, weight)
         if residual > 0:
             score = score + heading_residual(c, self.heading_row_dots()[rows], path, valid, residual)
+        if lexical is not None:
+            score = score + self.lexical_boost(lexical, rows, valid, spread)
         score = torch.where(valid, score, torch.full_like(score, float("-inf")))
         order = score.sort(dim=1, descending=True, stable=True).indices[:, :depth]
         hits = torch.where(valid.gather(1, order), rows.gather(1, order), torch.full_like(order, -1))
@@ -345,18 +389,21 @@ class Engine:
 
     def run_batch(
         self, query_emb: torch.Tensor, params: QascParams, retrieval: RetrievalConfig,
-        pool: torch.Tensor | None = None,
+        pool: torch.Tensor | None = None, questions: Sequence[str] | None = None,
     ) -> tuple[QascBatch, CandidateRows]:
         """query_emb (Q, dim) -> the QASC result over each query's candidate rows (with the heading context
         when params.context_weight > 0 and the store has heading paths). pool: the search's hits (Q,
-        `pool_width`) when done already (query_columns searches several slices at once)."""
+        `pool_width`) when done already (query_columns searches several slices at once). questions (Q): the
+        queries' texts, for the gated lexical term when params.lexical_weight > 0 (left out without them)."""
         depth = min(retrieval.depth, max(self.n_total, 1))
         context = self.uses_context(params)
+        lexical = self.lexical_term(params, questions, query_emb.shape[0])
         if context:
             hits, spread, cref = self.context_hits(query_emb, depth, params.context_weight, pool,
-                                                   params.heading_residual)
+                                                   params.heading_residual, lexical)
         else:
             hits = self.search(query_emb, depth) if pool is None else pool[:, :depth]
+            spread = torch.zeros(query_emb.shape[0], device=self.device)
         first, last = self.block_bounds(params.block_kinds, params.max_tokens) or (None, None)
         cand = candidate_rows(hits, self.doc_first, self.doc_last, retrieval.neighbourhood, self.n_total,
                               first, last, BLOCK_ROWS_MAX)
@@ -371,6 +418,8 @@ class Engine:
             if params.heading_residual > 0:
                 sims = sims + heading_residual(c, self.heading_row_dots()[rows], path, cand.valid,
                                                params.heading_residual)
+        if lexical is not None:
+            sims = sims + self.lexical_boost(lexical, rows, cand.valid, spread)
         dots = self.neighbour_dots(params.max_extent)[rows] if params.extent == "pooled" else None  # (Q, L, W)
         blocks = {}
         for kind in params.block_kinds:
@@ -393,11 +442,13 @@ class Engine:
         params: QascParams | None = None,
         retrieval: RetrievalConfig | None = None,
         slice_size: int = DEFAULT_SLICE_SIZE,
+        questions: Sequence[str] | None = None,
     ) -> Iterator[tuple[int, ChunkColumns]]:
         """query_emb (Q, dim) -> per slice of `slice_size` queries, (its first query's index, its chunks as
         columns). Memory stays at one slice's kernels and results whatever Q is. On CPU the batch runs under
         `engine.threads.ThreadGovernor` (one torch thread while the process waits for a core; the caller's
-        thread count restored at the end).
+        thread count restored at the end). questions (Q): the queries' texts, for the gated lexical term
+        (params.lexical_weight > 0); without them the term is left out (vectors alone carry no words).
 
         query_emb may be on any device and of any float dtype (a numpy array too): it is moved to the engine's
         device as float32 first (queries are few: they keep full precision whatever the store's dtype)."""
@@ -407,6 +458,8 @@ class Engine:
         if slice_size < 1:
             raise QascError(f"slice_size must be >= 1, got {slice_size}")
         query_emb = torch.as_tensor(query_emb).to(device=self.device, dtype=torch.float32)
+        if questions is not None and len(questions) != query_emb.shape[0]:
+            raise QascError(f"{len(questions)} question texts for {query_emb.shape[0]} query vectors")
         table = self.row_table
         block = slice_size * max(1, SEARCH_BLOCK_QUERIES // slice_size)  # searched at once: whole slices
         step = slice_size if self.device.type == "cuda" else min(slice_size, KERNEL_SLICE_QUERIES_CPU)
@@ -427,7 +480,8 @@ class Engine:
                 for a in range(lo, hi, step):  # kernels and assembly a bounded block of queries at a time
                     b = min(a + step, hi)
                     batch, cand = self.run_batch(query_emb[a:b], params, retrieval,
-                                                 pool[a % block : a % block + b - a])
+                                                 pool[a % block : a % block + b - a],
+                                                 None if questions is None else questions[a:b])
                     rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
                     parts.append(assemble_columns(batch, rows, table))
                     del batch, cand, rows  # freed before the next block's kernels run
@@ -442,11 +496,13 @@ class Engine:
         params: QascParams | None = None,
         retrieval: RetrievalConfig | None = None,
         slice_size: int = DEFAULT_SLICE_SIZE,
+        questions: Sequence[str] | None = None,
     ) -> list[list[Chunk]]:
         """query_emb (Q, dim) -> per query, its chunks in rank order; runs in slices of `slice_size` (through
-        `query_columns`, which moves query_emb to the engine's device as float32)."""
+        `query_columns`, which moves query_emb to the engine's device as float32). questions (Q): the texts,
+        for the lexical term (left out without them)."""
         out: list[list[Chunk]] = []
-        for _, cols in self.query_columns(query_emb, params, retrieval, slice_size):
+        for _, cols in self.query_columns(query_emb, params, retrieval, slice_size, questions):
             out.extend(cols.to_chunks(self.row_table.doc_ids))
         return out
 
@@ -457,17 +513,19 @@ class Engine:
         params: QascParams | None = None,
         retrieval: RetrievalConfig | None = None,
         slice_size: int = DEFAULT_SLICE_SIZE,
+        questions: Sequence[str] | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """query_emb (Q, dim), ids (Q) query ids (default "0", "1", ...) -> one pyarrow RecordBatch per slice
         (engine.columns.results_schema(): one row per chunk, query order then rank), yielded as each slice
-        finishes, so a writer can stream them (jobs.results.ResultWriter)."""
+        finishes, so a writer can stream them (jobs.results.ResultWriter). questions (Q): the texts, for the
+        lexical term (left out without them)."""
         import pyarrow as pa
 
         n = int(query_emb.shape[0])
         ids = [str(i) for i in range(n)] if ids is None else [str(i) for i in ids]
         if len(ids) != n:
             raise QascError(f"{len(ids)} query ids for {n} query vectors")
-        for lo, cols in self.query_columns(query_emb, params, retrieval, slice_size):
+        for lo, cols in self.query_columns(query_emb, params, retrieval, slice_size, questions):
             qids = pa.array(ids[lo : lo + cols.n_queries], pa.string())
             yield cols.to_record_batch(qids, self.row_table.doc_id_array)
 
@@ -491,7 +549,8 @@ class Engine:
         self.check_questions(questions)
         for lo in range(0, n, slice_size):
             emb = self.embed_queries(questions[lo : lo + slice_size])
-            yield from self.query_batches(emb, ids[lo : lo + slice_size], params, retrieval, slice_size)
+            yield from self.query_batches(emb, ids[lo : lo + slice_size], params, retrieval, slice_size,
+                                          questions[lo : lo + slice_size])
 
     def check_questions(self, questions: Sequence[str]) -> None:
         """Empty or overlong questions -> QascError naming the first."""
@@ -512,4 +571,4 @@ class Engine:
         check_settings(params, retrieval)
         if not questions:
             return []
-        return self.query_embedded(self.embed_queries(questions), params, retrieval)
+        return self.query_embedded(self.embed_queries(questions), params, retrieval, questions=questions)

@@ -51,6 +51,11 @@ QASC_HELP = {
     "blocks_need_heading": "with --block-extents: a whole block is a candidate only where the heading context "
                            "lifts it (boost > 0), none without heading context; --no-blocks-need-heading: every "
                            "block that fits",
+    "lexical_weight": "gated lexical term: alpha in sim += alpha * BM25(row) / the most a row could score for the "
+                      "query, on where the heading gate's spread < --lexical-spread (0..10; 0: off; needs the "
+                      "questions' texts)",
+    "lexical_spread": "the lexical term is on for queries whose heading spread is below this ('none': for every "
+                      "query; stores without heading paths have spread 0)",
 }
 UNSET = argparse.SUPPRESS  # flag not given: keep the store's value (None from a flag means 'none')
 RETRIEVAL_HELP = {
@@ -74,7 +79,7 @@ def _flag_type(name: str, default):
         return None
     if name in ("max_seeds", "top_k", "budget_tokens", "focus_gap"):
         return _optional(int)
-    if name in ("threshold", "margin", "factor", "score_margin", "far_margin"):
+    if name in ("threshold", "margin", "factor", "score_margin", "far_margin", "lexical_spread"):
         return _optional(float)
     return type(default)
 

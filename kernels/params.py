@@ -11,7 +11,7 @@ EXTENT_RULES = ("window", "pooled")
 BLOCK_RULES = ("none", "paragraph", "section", "both")
 MAX_EXTENT_LIMIT = 64  # pooled runs are scored for every length up to max_extent: (Q, L, max_extent) per batch
 FLOAT_FIELDS = ("percentile", "threshold", "margin", "extent_penalty", "decay", "factor", "score_margin",
-                "far_margin", "length_bonus", "context_weight", "heading_residual")
+                "far_margin", "length_bonus", "context_weight", "heading_residual", "lexical_weight", "lexical_spread")
 
 
 @dataclass(frozen=True)
@@ -19,13 +19,14 @@ class QascParams:
     """Every knob of query-time chunking.
 
     Defaults: the setting the development suite (`qasc eval` over chroma_general, tatqa_finance, medquad_health,
-    policyqa_privacy) chose on all four sets together, the same one its chroma_general fold chose on the other
-    three: pooled extents (runs of up to 2 sentences holding a p90 seed, clipped to the paragraph, and whole
-    sections complete in the candidate region where the question matches their heading, with a length bonus
-    0.02 ln(sentences)), the best chunk, its
-    neighbours within 6 sentences and chunks elsewhere within 0.02 of it, every chunk within 0.1 of the best,
-    at most 10 (with RetrievalConfig depth 8, neighbourhood 2), similarities with the heading context and the
-    heading residual, the boost counted once per pooled run. The window-mode fields keep the setting the same
+    policyqa_privacy) chose on all four sets together, the same one its chroma_general and policyqa_privacy
+    folds chose on the other three: pooled extents (runs of up to 2 sentences holding a p90 seed, clipped to the
+    paragraph, and whole sections complete in the candidate region where the question matches their heading,
+    with a length bonus 0.02 ln(sentences)), the best chunk, its neighbours within 6 sentences and chunks
+    elsewhere within 0.05 of it, every chunk within 0.1 of the best, at most 10 (with RetrievalConfig depth 8,
+    neighbourhood 2), similarities with the heading context, the heading residual and the gated lexical term
+    (0.8 x BM25 / best where the heading spread < 0.1), the boost counted once per pooled run. The window-mode
+    fields keep the setting the same
     cross-validation chose among windows (adaptive up to m=3 within 0.1 of the seed, window-max ranking).
     See bench/RESULTS.md.
     """
@@ -53,7 +54,7 @@ class QascParams:
     budget_tokens: int | None = None  # at most this many tokens returned per query
     score_margin: float | None = 0.1  # return only chunks scoring >= best - margin
     focus_gap: int | None = 6  # return only the best chunk and chunks <= this many sentences from it
-    far_margin: float | None = 0.02  # focus: also keep chunks elsewhere scoring >= best - far_margin
+    far_margin: float | None = 0.05  # focus: also keep chunks elsewhere scoring >= best - far_margin
     block_extents: str = "section"  # pooled: whole paragraphs / sections (complete in the row) are candidates too
     length_bonus: float = 0.02  # pooled: added to a candidate's score times ln(its sentences)
     # query-gated heading context (engine, stores with heading paths): w in boost = w * spread * (c - cref),
@@ -76,6 +77,13 @@ class QascParams:
     # that section; with no heading evidence, runs answer. False: every block that fits is a candidate. The
     # development suite's choice (bench/RESULTS.md, "Whole blocks need a heading match")
     blocks_need_heading: bool = True
+    # gated lexical term (engine, queries with their texts): alpha * BM25(row) / the most a row could score for
+    # the query, added to the rows' similarities where the heading gate's spread < lexical_spread (headings absent
+    # or alike; None: everywhere); 0 = off (kernels.lexical, engine.lexical). 0.8 / 0.1: the development suite's
+    # choice on all four sets (leave-one-dataset-out chose it in 3 of 4 folds, 0.4 / 0.05 in the 4th;
+    # bench/RESULTS.md, "The gated lexical term")
+    lexical_weight: float = 0.8
+    lexical_spread: float | None = 0.1
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be a finite number, got {getattr(self, name)}" for name in FLOAT_FIELDS
@@ -128,6 +136,10 @@ class QascParams:
             problems.append(f"context_weight must be >= 0 and finite, got {self.context_weight}")
         if not 0.0 <= self.heading_residual <= 2.0:
             problems.append(f"heading_residual must be in [0, 2], got {self.heading_residual}")
+        if not 0.0 <= self.lexical_weight <= 10.0:
+            problems.append(f"lexical_weight must be in [0, 10], got {self.lexical_weight}")
+        if self.lexical_spread is not None and self.lexical_spread < 0:
+            problems.append(f"lexical_spread must be >= 0, got {self.lexical_spread}")
         if self.score_margin is not None and self.score_margin < 0:
             problems.append(f"score_margin must be >= 0, got {self.score_margin}")
         if problems:

@@ -849,3 +849,24 @@ def packed_path_rows(paths: torch.Tensor, path_start: torch.Tensor, path_count: 
     width = max((len(g) for g in per_query), default=0)
     rows = torch.tensor([g + [-1] * (width - len(g)) for g in per_query], dtype=torch.long).reshape(len(paths), width)
     return rows, rows >= 0
+
+
+def lexical_scores(row_ptr, row_terms, row_weights, query_ptr, query_terms, vocab_size, rows, valid):
+    """Twin of kernels.lexical.lexical_scores: per valid entry, a walk over its row's postings, each weight added
+    when the term is in the query's set (float64 sums, rounded to float32 at the end)."""
+    ptr, terms, weights = row_ptr.tolist(), row_terms.tolist(), row_weights.tolist()
+    qptr, qterms = query_ptr.tolist(), query_terms.tolist()
+    out = []
+    for q, (rs, oks) in enumerate(zip(_rows(rows), _rows(valid), strict=True)):
+        have = set(qterms[qptr[q] : qptr[q + 1]])
+        out.append([sum(weights[i] for i in range(ptr[r], ptr[r + 1]) if terms[i] in have) if ok else 0.0
+                    for r, ok in zip(rs, oks, strict=True)])
+    return _to_tensor(out, tuple(rows.shape), torch.float32, rows.device)
+
+
+def lexical_boost(scores, valid, best, spread, weight, max_spread):
+    out = []
+    for ss, oks, b, s in zip(_rows(scores), _rows(valid), best.tolist(), spread.tolist(), strict=True):
+        on = b > 0 and (max_spread is None or s < max_spread)
+        out.append([weight * x / b if ok and on else 0.0 for x, ok in zip(ss, oks, strict=True)])
+    return _to_tensor(out, tuple(scores.shape), scores.dtype, scores.device)

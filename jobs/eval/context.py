@@ -1,27 +1,42 @@
-"""The same heading context for the baselines: `qasc eval` ranks every baseline's chunks a second time with
-QASC's query-gated heading boost, so the chunking comparison stays fair (the context is a retrieval lever).
+"""The same heading context (and lexical term) for the baselines: `qasc eval` ranks every baseline's chunks a
+second time with QASC's query-gated heading boost, so the chunking comparison stays fair (the context is a
+retrieval lever).
 
 A chunk's heading path is the path in force at its first character (engine.splitter.heading_paths, the same
 rule as the store's sentences); its vector is the store's (same text, same model) or, for a path the store
 lacks, embedded here. Ranking is exact and dense: cos (Q, N) over every chunk, the gate over the distinct
 paths of the top CONTEXT_POOL chunks, boost = w * spread * (c - cref), and (beta > 0) QASC's heading residual
--beta * c * (h . chunk) (kernels.context.heading_residual); the best `depth` by cos + boost + residual.
+-beta * c * (h . chunk) (kernels.context.heading_residual), and (alpha > 0) QASC's gated lexical term over the
+chunks' own texts (kernels.lexical.lexical_boost, the same spread); the best `depth` by their sum.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from engine.lexical import LexicalIndex
 from engine.splitter import heading_paths
 from jobs.eval.retrieval import ChunkSet, EvalCache, Hit, model_key, sha
 from kernels.context import context_boost, heading_gate, heading_residual
+from kernels.lexical import lexical_boost
 
 CONTEXT_POOL = 32  # the same pool as the engine's gate (engine.query.CONTEXT_POOL)
 SUFFIX = " + same context"
+
+
+class Lexical(NamedTuple):
+    """QASC's gated lexical term for a baseline: alpha, the spread below which it is on (None: always), the
+    questions (Q) and the chunks' texts (N)."""
+
+    weight: float
+    max_spread: float | None
+    questions: Sequence[str]
+    chunk_texts: Sequence[str]
 
 
 def chunk_paths(chunks: ChunkSet, corpora: Mapping[str, str]) -> tuple[list[str], np.ndarray]:
@@ -54,12 +69,15 @@ def path_vectors(paths: list[str], engine, embedder, cache: EvalCache | None = N
 
 
 def context_ranked(chunks: ChunkSet, query_emb: np.ndarray, path: np.ndarray, path_emb: np.ndarray, weight: float,
-                   depth: int, residual: float = 0.0) -> list[list[Hit]]:
+                   depth: int, residual: float = 0.0, lexical: Lexical | None = None) -> list[list[Hit]]:
     """query_emb (Q, dim), path (N,) int64, path_emb (H, dim), residual = beta -> per query its `depth` best
-    chunks by cos + boost + heading residual (ties: the earlier chunk), each Hit scored with that sum."""
+    chunks by cos + boost + heading residual (+ QASC's gated lexical term when `lexical` is given: the same
+    alpha * BM25 / best where the query's spread < t, BM25 over the chunks' texts) (ties: the earlier chunk),
+    each Hit scored with that sum."""
     q = torch.as_tensor(np.asarray(query_emb, dtype=np.float32))
     cos = q @ torch.as_tensor(chunks.emb).T  # (Q, N)
     n = cos.shape[1]
+    spread = torch.zeros(cos.shape[0])
     if n == 0 or not len(path_emb) or weight == 0:
         score = cos
     else:
@@ -73,6 +91,12 @@ def context_ranked(chunks: ChunkSet, query_emb: np.ndarray, path: np.ndarray, pa
             emb, ids = torch.as_tensor(chunks.emb), torch.as_tensor(path)
             hs = torch.where(ids >= 0, (emb * torch.as_tensor(path_emb)[ids.clamp(min=0)]).sum(dim=1), 0.0)
             score = score + heading_residual(c, hs.expand_as(cos), pid, every, residual)
+    if lexical is not None and n and lexical.weight > 0:
+        index = LexicalIndex.build(lexical.chunk_texts)
+        ptr, terms, best = index.query_terms(lexical.questions)
+        bm25 = index.dense_scores(ptr, terms)
+        score = score + lexical_boost(bm25, torch.ones_like(bm25, dtype=torch.bool), best, spread, lexical.weight,
+                                      lexical.max_spread)
     order = score.sort(dim=1, descending=True, stable=True).indices[:, :depth]
     best = score.gather(1, order)
     starts, ends, toks = chunks.starts.tolist(), chunks.ends.tolist(), chunks.n_tokens.tolist()

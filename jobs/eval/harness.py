@@ -223,8 +223,9 @@ def make_chunkers(names: Sequence[str], embedder, sentence_source, cfg: EvalConf
 
 def baseline_run(chunks: ChunkSet, chunker: B.Chunker, query_emb: np.ndarray, questions: Sequence[Question],
                  cfg: EvalConfig, cutter: TokenCutter, context: tuple | None = None) -> MethodRun:
-    """One baseline's candidates; context = (corpora, engine, embedder, cache, weight, residual): ranked with QASC's
-    heading context instead (jobs/eval/context.py), named `<name> + same context`."""
+    """One baseline's candidates; context = (corpora, engine, embedder, cache, weight, residual, (alpha, spread)):
+    ranked with QASC's heading context and gated lexical term instead (jobs/eval/context.py), named
+    `<name> + same context`."""
     t0 = time.perf_counter()
     small = float(np.percentile(chunks.n_tokens, 10)) if len(chunks) else 1.0
     depth = min(len(chunks), max(max(cfg.ks), min(RANK_DEPTH_MAX, int(max(cfg.budgets) / max(small, 1.0)) + 4)))
@@ -232,12 +233,18 @@ def baseline_run(chunks: ChunkSet, chunker: B.Chunker, query_emb: np.ndarray, qu
     if not len(chunks):
         ranked = [[] for _ in questions]
     elif context is not None:
-        corpora, engine, embedder, cache, weight, residual = context
+        corpora, engine, embedder, cache, weight, residual, (alpha, max_spread) = context
         paths, path = C.chunk_paths(chunks, corpora)
+        lexical = None
+        if alpha > 0:
+            texts = [corpora[d][a:b] for d, a, b in zip(chunks.doc_ids, chunks.starts.tolist(), chunks.ends.tolist(),
+                                                        strict=True)]
+            lexical = C.Lexical(alpha, max_spread, [q.text for q in questions], texts)
         ranked = C.context_ranked(chunks, query_emb, path, C.path_vectors(paths, engine, embedder, cache), weight,
-                                  max(depth, 1), residual)
+                                  max(depth, 1), residual, lexical)
         name = name + C.SUFFIX
-        note = f"{note}; ranked by cos + QASC's heading context (w={weight:g}, residual {residual:g})"
+        note = f"{note}; ranked by cos + QASC's heading context (w={weight:g}, residual {residual:g})" + (
+            f" and lexical term (alpha {alpha:g}, spread < {max_spread})" if alpha > 0 else "")
     else:
         ranked = ranked_hits(chunks, query_emb, max(depth, 1))
     run = MethodRun(name, chunker.family, note, {}, {})
@@ -263,7 +270,7 @@ def qasc_run(engine, query_emb, questions: Sequence[Question], grid: Sequence[Q.
     t_engine = t_score = 0.0
     for i, s in enumerate(grid):
         t0 = time.perf_counter()
-        ranked = Q.run_setting(engine, qemb, s)
+        ranked = Q.run_setting(engine, qemb, s, [q.text for q in questions])
         t1 = time.perf_counter()
         add_candidates(run, s.key(), ranked, sels, questions, cutter)
         run.settings[s.key()] = s
@@ -283,7 +290,8 @@ def extra_setting(run: MethodRun, engine, query_emb, questions, s: Q.Setting, cf
 
     if s.key() in run.settings:
         return
-    ranked = Q.run_setting(engine, torch.as_tensor(np.asarray(query_emb, dtype=np.float32)), s)
+    ranked = Q.run_setting(engine, torch.as_tensor(np.asarray(query_emb, dtype=np.float32)), s,
+                           [q.text for q in questions])
     add_candidates(run, s.key(), ranked, Q.selectors(cfg.ks), questions, cutter)
     run.settings[s.key()] = s
 
@@ -486,12 +494,15 @@ def evaluate_methods(dataset: Dataset, query_emb: np.ndarray, chunksets: dict[st
     """Every baseline (and, with cfg.baseline_context and an embedder, each again with QASC's heading context)
     and QASC's grid -> their runs by name."""
     runs: dict[str, MethodRun] = {}
-    weight, residual = QascParams().context_weight, QascParams().heading_residual
+    default = QascParams()
+    weight, residual = default.context_weight, default.heading_residual
+    lexical = (default.lexical_weight, default.lexical_spread)  # the baselines get QASC's retrieval terms too
     for name, (chunker, chunks) in chunksets.items():
         runs[name] = baseline_run(chunks, chunker, query_emb, dataset.questions, cfg, cutter)
         if cfg.baseline_context and weight > 0 and embedder is not None:  # QASC's retrieval lever, fair table
             runs[name + C.SUFFIX] = baseline_run(chunks, chunker, query_emb, dataset.questions, cfg, cutter,
-                                                 (dataset.corpora, engine, embedder, cache, weight, residual))
+                                                 (dataset.corpora, engine, embedder, cache, weight, residual,
+                                                  lexical))
     if engine is not None:
         runs["qasc"] = qasc_run(engine, query_emb, dataset.questions, grid, cfg, cutter, log)
     return runs

@@ -23,7 +23,8 @@ NEUTRAL = {"top_k": None, "budget_tokens": None, "score_margin": None}
 # setting this grid chose) change: plain sentences, no adaptive growth, seed-similarity ranking.
 GRID_BASE = {"percentile": 95.0, "radius": 0, "adaptive": False, "margin": None, "clip_to_paragraph": False,
              "score": "seed_sim", "extent": "window", "max_extent": 3, "extent_penalty": 0.0, "max_picks": 10,
-             "focus_gap": None, "far_margin": None, "block_extents": "none", "length_bonus": 0.0}
+             "focus_gap": None, "far_margin": None, "block_extents": "none", "length_bonus": 0.0,
+             "lexical_weight": 0.0, "lexical_spread": 0.1}
 DEFAULTS = QascParams(**{**GRID_BASE, **NEUTRAL})
 DEFAULT_RETRIEVAL = RetrievalConfig()
 SHORT = {"percentile": "p", "radius": "m", "decay": "lam", "factor": "f", "gap": "gap", "snap": "snap",
@@ -32,7 +33,7 @@ SHORT = {"percentile": "p", "radius": "m", "decay": "lam", "factor": "f", "gap":
          "extent": "extent", "max_extent": "runs", "extent_penalty": "pen", "max_picks": "picks",
          "focus_gap": "focus", "far_margin": "far", "block_extents": "blocks", "length_bonus": "lam",
          "context_weight": "ctx", "heading_residual": "hres", "boost_runs_once": "once",
-         "blocks_need_heading": "bhead"}
+         "blocks_need_heading": "bhead", "lexical_weight": "lex", "lexical_spread": "lexsp"}
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,12 @@ SEEDING = (
 # The focus rule (pooled extents only): keep the best chunk's neighbours within focus_gap sentences, and
 # (far_margin) chunks elsewhere, in other regions or documents, scoring within far_margin of the best.
 FOCUS = ((None, None), (4, None), (6, None), (6, 0.02), (6, 0.05))
+# The gated lexical term (kernels.lexical): off, or alpha x BM25 / the query's best possible, on for queries whose
+# heading spread is below t (headings absent or alike). The first suite with it declared alpha {0.4, 0.8} x t
+# {0.05, 0.1} (735 settings, 22 min warm); every fold and the all-sets choice took (0.8, 0.1) or (0.4, 0.05), so
+# the grid keeps those two: the same choices (an argmax over a superset that lies in the subset), 441 settings.
+LEXICAL = ({"lexical_weight": 0.0}, {"lexical_weight": 0.4, "lexical_spread": 0.05},
+           {"lexical_weight": 0.8, "lexical_spread": 0.1})
 GRID_AXES: dict[str, Sequence] = {
     "seeding": SEEDING,
     "window": WINDOWS,
@@ -109,6 +116,7 @@ GRID_AXES: dict[str, Sequence] = {
     "score": ("seed_sim",),
     "retrieval": ({"depth": 8, "neighbourhood": 2}, {"depth": 16, "neighbourhood": 4},
                   {"depth": 16, "neighbourhood": 8}),
+    "lexical": LEXICAL,
 }
 QUICK_AXES: dict[str, Sequence] = {
     "seeding": (SEEDING[0], SEEDING[1]),
@@ -117,6 +125,7 @@ QUICK_AXES: dict[str, Sequence] = {
     "focus": (FOCUS[0], FOCUS[1], FOCUS[3]),
     "score": ("seed_sim",),
     "retrieval": ({"depth": 8, "neighbourhood": 2},),
+    "lexical": (LEXICAL[0], LEXICAL[2]),
 }
 
 
@@ -124,8 +133,8 @@ def qasc_grid(quick: bool = False) -> list[Setting]:
     """The declared grid as a list of Settings (duplicates removed, declared order kept)."""
     axes = QUICK_AXES if quick else GRID_AXES
     out: dict[str, Setting] = {}
-    for seeding, window, gap, (focus, far), score, retrieval in itertools.product(*axes.values()):
-        params = {**seeding, "gap": gap, "focus_gap": focus, "far_margin": far, "score": score, **window}
+    for seeding, window, gap, (focus, far), score, retrieval, lexical in itertools.product(*axes.values()):
+        params = {**seeding, "gap": gap, "focus_gap": focus, "far_margin": far, "score": score, **window, **lexical}
         pooled = params.get("extent") == "pooled"
         if focus is not None and not pooled:
             continue  # the focus rule is declared for pooled extents (it is a selection rule for both)
@@ -194,6 +203,9 @@ ABLATIONS: list[Ablation] = [
     ("focus on the best chunk (focus_gap=4)", lambda s: s.replace(focus_gap=4)),
     ("no heading context (context_weight=0)", lambda s: s.replace(context_weight=0.0)),
     ("no heading residual (heading_residual=0)", lambda s: s.replace(heading_residual=0.0)),
+    ("no lexical term (lexical_weight=0)", lambda s: s.replace(lexical_weight=0.0)),
+    ("lexical term for every query (lexical_spread=None)", lambda s: s.replace(lexical_spread=None)),
+    ("lexical term alpha 0.8, spread < 0.05", lambda s: s.replace(lexical_weight=0.8, lexical_spread=0.05)),
     ("whole blocks wherever they fit (blocks_need_heading=False)",
      lambda s: s.replace(blocks_need_heading=False) if _pooled(s) and s.params.block_kinds else None),
     ("heading boost pooled in runs (boost_runs_once=False)",
@@ -233,9 +245,12 @@ def torch_threads(n: int):
         torch.set_num_threads(old)
 
 
-def run_setting(engine, query_emb, s: Setting) -> list[list[Hit]]:
-    """One engine pass over every query (top_k/budget/margin unset): ranked chunks per query."""
+def run_setting(engine, query_emb, s: Setting, texts: Sequence[str] | None = None) -> list[list[Hit]]:
+    """One engine pass over every query (top_k/budget/margin unset): ranked chunks per query. texts: the
+    questions, passed on when the setting uses the lexical term (params.lexical_weight > 0)."""
     with torch_threads(1):
+        if s.params.lexical_weight > 0:
+            return chunks_to_hits(engine.query_embedded(query_emb, s.params, s.retrieval, questions=texts))
         return chunks_to_hits(engine.query_embedded(query_emb, s.params, s.retrieval))
 
 

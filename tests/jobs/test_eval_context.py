@@ -63,3 +63,28 @@ def test_context_residual_takes_the_heading_part_off_each_chunk(embedder):
             continue
         c, hs = float(q[0] @ vecs[ids[i]]), float(chunks.emb[i] @ vecs[ids[i]])
         assert resid[key] == pytest.approx(boosted[key] - 0.75 * c * hs, abs=1e-5)
+
+
+def test_context_adds_the_same_gated_lexical_term(embedder):
+    """The baselines get QASC's lexical term: + alpha * BM25(chunk text) / best where the query's spread < t."""
+    from engine.lexical import LexicalIndex
+    from jobs.eval.context import Lexical
+
+    chunks = _chunks(embedder)
+    paths, ids = chunk_paths(chunks, DOCS)
+    vecs = path_vectors(paths, None, embedder)
+    question = "Does bread need a long proof?"
+    q = embedder.encode([question])
+    texts = [DOCS[d][s:e] for d, s, e in zip(chunks.doc_ids, chunks.starts.tolist(), chunks.ends.tolist(), strict=True)]
+    plain = {(h[0], h[1]): h[4] for h in context_ranked(chunks, q, ids, vecs, 0.0, 6)[0]}
+    lex = {(h[0], h[1]): h[4] for h in context_ranked(chunks, q, ids, vecs, 0.0, 6, 0.0,
+                                                      Lexical(0.8, 0.1, [question], texts))[0]}
+    index = LexicalIndex.build(texts)
+    ptr, terms, best = index.query_terms([question])
+    bm25 = index.dense_scores(ptr, terms)[0].numpy()
+    for i, key in enumerate(zip(chunks.doc_ids, chunks.starts.tolist(), strict=True)):
+        assert lex[key] == pytest.approx(plain[key] + 0.8 * bm25[i] / float(best[0]), abs=1e-5)
+    assert bm25.max() > 0
+    closed = {(h[0], h[1]): h[4] for h in context_ranked(chunks, q, ids, vecs, 0.0, 6, 0.0,
+                                                         Lexical(0.8, 0.0, [question], texts))[0]}
+    assert closed == plain  # spread 0 is not < 0: the gate is closed

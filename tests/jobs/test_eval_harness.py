@@ -92,7 +92,7 @@ class FakeEngine:
         self.emb = [embedder.encode(d.texts()) for d in self.docs]
         self.calls = []
 
-    def query_embedded(self, query_emb, params, retrieval):
+    def query_embedded(self, query_emb, params, retrieval, questions=None):
         self.calls.append((params, retrieval))
         q = query_emb.numpy()
         out = []
@@ -219,7 +219,7 @@ def test_budget_rule_cuts_the_overflowing_chunk(embedder):
 def test_grid_and_selectors_are_declared():
     grid = Q.qasc_grid()
     keys = [s.key() for s in grid]
-    assert len(keys) == len(set(keys)) and 20 <= len(grid) <= 400
+    assert len(keys) == len(set(keys)) and 20 <= len(grid) <= 450  # the warm suite stays near 15 min
     for s in grid:
         assert s.params.top_k is None and s.params.budget_tokens is None and s.params.score_margin is None
     hits = [("d", 0, 1, 1, 0.9, 1), ("d", 2, 3, 1, 0.86, 1), ("d", 4, 5, 1, 0.5, 1)]
