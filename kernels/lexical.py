@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import torch
 
+DENSE_LOOKUP_ELEMENTS = 1 << 26  # lexical_scores: a (Q, V) bool table of the queries' terms up to this size (64 MB)
+
 
 def lexical_scores(
     row_ptr: torch.Tensor, row_terms: torch.Tensor, row_weights: torch.Tensor,
     query_ptr: torch.Tensor, query_terms: torch.Tensor, vocab_size: int,
     rows: torch.Tensor, valid: torch.Tensor,
 ) -> torch.Tensor:
-    """row_ptr (N+1,) int64, row_terms (nnz,) int64, row_weights (nnz,) float32: the store's rows as CSR;
+    """row_ptr (N+1,) int64, row_terms (nnz,) int32 or int64, row_weights (nnz,) float32: the store's rows as CSR;
     query_ptr (Q+1,) int64, query_terms (T,) int64 (each query's distinct terms, sorted), vocab_size (every term
     id < it); rows (Q, L) int64 candidate rows, valid (Q, L) bool -> (Q, L) float32: the sum of row
     rows[q, l]'s weights over the terms query q has, 0 where invalid (invalid rows are never read)."""
@@ -42,8 +44,13 @@ def lexical_scores(
     first = torch.cumsum(count, 0) - count  # (E,) each entry's first posting
     pos = start[entry] + torch.arange(total, device=rows.device) - first[entry]
     owner = torch.repeat_interleave(torch.arange(n_q, device=rows.device), query_ptr[1:] - query_ptr[:-1])  # (T,)
-    wanted = owner * vocab_size + query_terms  # (T,) (query, term) keys
-    has = torch.isin(qi[entry] * vocab_size + row_terms[pos], wanted)  # (P,) the query has this row term
+    term = row_terms[pos].long()  # (P,)
+    if n_q * vocab_size <= DENSE_LOOKUP_ELEMENTS:  # a (Q, V) table of the queries' terms: one gather per posting
+        table = torch.zeros((n_q, vocab_size), dtype=torch.bool, device=rows.device)
+        table[owner, query_terms] = True
+        has = table[qi[entry], term]
+    else:  # (query, term) keys: a sorted membership test
+        has = torch.isin(qi[entry] * vocab_size + term, owner * vocab_size + query_terms)
     score = torch.zeros(qi.numel(), dtype=torch.float32, device=rows.device)
     score.index_add_(0, entry, torch.where(has, row_weights[pos], torch.zeros_like(row_weights[pos])))
     out[qi, li] = score

@@ -8,6 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import kernels.lexical
 import kernels.reference as ref
 from kernels.lexical import lexical_boost, lexical_scores
 
@@ -44,9 +45,15 @@ def cases(draw: st.DrawFn) -> dict:
 @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_lexical_scores_match_reference(case) -> None:
-    out = lexical_scores(**case)
-    assert out.shape == case["rows"].shape and out.dtype == torch.float32
-    torch.testing.assert_close(out, ref.lexical_scores(**case))
+    want = ref.lexical_scores(**case)
+    for dense_limit in (kernels.lexical.DENSE_LOOKUP_ELEMENTS, 0):  # the (Q, V) table, then the sorted keys
+        old, kernels.lexical.DENSE_LOOKUP_ELEMENTS = kernels.lexical.DENSE_LOOKUP_ELEMENTS, dense_limit
+        try:
+            out = lexical_scores(**{**case, "row_terms": case["row_terms"].int()})
+        finally:
+            kernels.lexical.DENSE_LOOKUP_ELEMENTS = old
+        assert out.shape == case["rows"].shape and out.dtype == torch.float32
+        torch.testing.assert_close(out, want)
 
 
 @settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
