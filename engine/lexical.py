@@ -59,7 +59,7 @@ class LexicalIndex:
         """texts (N) the rows' sentences, in row order -> their index. Rows are counted `block_rows` at a time
         (their distinct terms and counts as int32), so the build's memory stays near the index's own."""
         vocab: dict[str, int] = {}
-        terms_u, tf_u, per_row = [], [], []
+        terms_u, tf_u, per_row, dl = [], [], [], []  # per block: distinct terms, their counts, per row, row lengths
         block: list[list[int]] = []
 
         def flush() -> None:
@@ -74,7 +74,6 @@ class LexicalIndex:
             dl.append(lens)
             block.clear()
 
-        dl: list[np.ndarray] = []
         for text in texts:
             block.append([vocab.setdefault(t, len(vocab)) for t in terms(text)])
             if len(block) >= block_rows:

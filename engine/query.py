@@ -127,6 +127,7 @@ class Engine:
         self._dots: torch.Tensor | None = None  # (N_total, W) neighbour dots, computed on first pooled query
         self._blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # kind -> (sizes, norms) (N_total,)
         self._heading_dots: torch.Tensor | None = None  # (N_total,) rows . their heading path (heading residual)
+        self._lexical: LexicalIndex | None = None  # the rows' BM25 weights (gated lexical term), built on first use
         self._bounds: dict[tuple[tuple[str, ...], int], tuple[torch.Tensor, torch.Tensor]] = {}  # -> first, last
 
     def block_keys(self, kind: str) -> torch.Tensor:
@@ -309,7 +310,7 @@ class Engine:
     def lexical_index(self) -> LexicalIndex:
         """The store rows' BM25 weights (`engine.lexical.LexicalIndex`) on the engine's device: built from the
         sentences' texts on first use and kept."""
-        if getattr(self, "_lexical", None) is None:
+        if self._lexical is None:
             texts = (doc.text[a:b] for doc in self.store.docs
                      for a, b in zip(doc.char_start.tolist(), doc.char_end.tolist(), strict=True))
             self._lexical = LexicalIndex.build(texts, self.device)

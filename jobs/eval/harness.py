@@ -268,9 +268,10 @@ def qasc_run(engine, query_emb, questions: Sequence[Question], grid: Sequence[Q.
     run = MethodRun("qasc", "qasc", "query-time chunking through engine.query (store + FAISS + kernels)", {}, {})
     sels = Q.selectors(cfg.ks) + [f"budget={b}" for b in cfg.budgets]
     t_engine = t_score = 0.0
+    texts = [q.text for q in questions]
     for i, s in enumerate(grid):
         t0 = time.perf_counter()
-        ranked = Q.run_setting(engine, qemb, s, [q.text for q in questions])
+        ranked = Q.run_setting(engine, qemb, s, texts)
         t1 = time.perf_counter()
         add_candidates(run, s.key(), ranked, sels, questions, cutter)
         run.settings[s.key()] = s

@@ -247,11 +247,9 @@ def torch_threads(n: int):
 
 def run_setting(engine, query_emb, s: Setting, texts: Sequence[str] | None = None) -> list[list[Hit]]:
     """One engine pass over every query (top_k/budget/margin unset): ranked chunks per query. texts: the
-    questions, passed on when the setting uses the lexical term (params.lexical_weight > 0)."""
+    questions, for the lexical term (params.lexical_weight > 0; left out without them)."""
     with torch_threads(1):
-        if s.params.lexical_weight > 0:
-            return chunks_to_hits(engine.query_embedded(query_emb, s.params, s.retrieval, questions=texts))
-        return chunks_to_hits(engine.query_embedded(query_emb, s.params, s.retrieval))
+        return chunks_to_hits(engine.query_embedded(query_emb, s.params, s.retrieval, questions=texts))
 
 
 def sentence_histogram(hits_per_q: Sequence[Sequence[Hit]]) -> dict[str, int]:
