@@ -30,6 +30,7 @@ from engine.assemble import ChunkColumns, RowTable, assemble_columns
 from engine.config import EngineConfig, RetrievalConfig
 from engine.embedder import Embedder, cpu_has_native_bf16
 from engine.errors import QascError
+from engine.fill import PassageTier, fill_columns
 from engine.lexical import LexicalIndex
 from engine.threads import ThreadGovernor
 from engine.types import Chunk, Sentences, check_query_list
@@ -129,6 +130,7 @@ class Engine:
         self._heading_dots: torch.Tensor | None = None  # (N_total,) rows . their heading path (heading residual)
         self._lexical: LexicalIndex | None = None  # the rows' BM25 weights (gated lexical term), built on first use
         self._bounds: dict[tuple[tuple[str, ...], int], tuple[torch.Tensor, torch.Tensor]] = {}  # -> first, last
+        self._passages: PassageTier | None | bool = False  # the budget fill's passages, loaded on first use
 
     def block_keys(self, kind: str) -> torch.Tensor:
         """kind paragraph | section -> (N_total,) int64 keys, equal for the rows of one block of one document."""
@@ -336,6 +338,38 @@ class Engine:
                                 term.query_terms, index.vocab_size, rows, valid)
         return lexical_boost(scores, valid, term.best, spread.to(scores.device), term.weight, term.max_spread)
 
+    def passage_tier(self) -> PassageTier | None:
+        """The store's passages on the engine's device (engine.fill.PassageTier) with their texts, built on first
+        use; None for a store without passages (written before format 3 or with --passage-tokens 0)."""
+        if self._passages is False:
+            passages = getattr(self.store, "passages", None)
+            self._passages = None
+            if passages is not None and len(passages.first):
+                table = self.row_table
+                last = passages.first + passages.count - 1
+                texts = [table.texts[d][a:b] for d, a, b in zip(
+                    table.doc[passages.first].tolist(), table.char_start[passages.first].tolist(),
+                    table.char_end[last].tolist(), strict=True)]
+                self._passages = PassageTier(passages, texts, self.device, self.heading_tensors())
+        return self._passages
+
+    def fill(self, cols: ChunkColumns, query_emb: torch.Tensor, params: QascParams,
+             questions: Sequence[str] | None) -> ChunkColumns:
+        """A block's chunks -> the same with each query's budget filled by passages (engine.fill) when
+        params.budget_tokens is set, params.budget_fill is on and the store has passages; else cols unchanged."""
+        tier = self.passage_tier() if params.budget_tokens is not None and params.budget_fill else None
+        if tier is None or cols.n_queries == 0:
+            return cols
+        heading_emb = self.heading_tensors()[0] if self.uses_context(params) else None
+        ids, scores = tier.rank(query_emb.to(device=self.device, dtype=torch.float32), params, questions, heading_emb)
+        return fill_columns(cols, ids, scores, tier, params.budget_tokens, self.row_table,
+                            np.asarray(self.store.doc_offsets, np.int64), self.row_tokens)
+
+    @cached_property
+    def row_tokens(self) -> np.ndarray:
+        """(N_total,) int64 each row's model tokens (host), for the budget fill."""
+        return self.n_tokens.cpu().numpy().astype(np.int64)
+
     def pool_width(self, params: QascParams, retrieval: RetrievalConfig) -> int:
         """The rows one search returns per query for `run_batch`: the depth, or the heading context's pool."""
         depth = min(retrieval.depth, max(self.n_total, 1))
@@ -484,7 +518,8 @@ class Engine:
                                                  pool[a % block : a % block + b - a],
                                                  None if questions is None else questions[a:b])
                     rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
-                    parts.append(assemble_columns(batch, rows, table))
+                    parts.append(self.fill(assemble_columns(batch, rows, table), query_emb[a:b], params,
+                                           None if questions is None else questions[a:b]))
                     del batch, cand, rows  # freed before the next block's kernels run
                     governor.step()
                 yield lo, ChunkColumns.concat(parts)

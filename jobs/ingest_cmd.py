@@ -33,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("sentences (unset: the store's setting, else the default)")
     s.add_argument("--max-sentence-tokens", type=int, metavar="N",
                    help="sentences longer than N model tokens are cut at token offsets (default 128)")
+    s.add_argument("--passage-tokens", type=int, metavar="N",
+                   help="passages for the budget fill: sentence runs within a paragraph packed up to N model tokens, "
+                        "each embedded as one text (default 128 for a new store, else the store's; 0: none)")
     s.add_argument("--max-chars", type=int, metavar="N",
                    help="sentences longer than N characters are cut at whitespace first (default 2000)")
     s.add_argument("--line-breaks", metavar="MODE",
@@ -93,7 +96,7 @@ def build_settings(args: argparse.Namespace):
     from engine.store import IngestConfig, ReadOptions
 
     return IngestConfig(index=args.index, dtype_store=args.dtype_store, max_sentence_tokens=args.max_sentence_tokens,
-                        shard_chars=args.shard_chars, unit_bytes=args.unit_bytes,
+                        passage_tokens=args.passage_tokens, shard_chars=args.shard_chars, unit_bytes=args.unit_bytes,
                         read=ReadOptions(args.encoding, args.errors, args.id_field, args.text_field))
 
 

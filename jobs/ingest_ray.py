@@ -70,7 +70,7 @@ class EmbedActor:
         self.fault_marker = fault_marker
 
     def __call__(self, batch: dict) -> dict:
-        from engine.store.stages import embed_headings, embed_shard, shard_label, write_shard
+        from engine.store.stages import embed_headings, embed_passages, embed_shard, shard_label, write_shard
 
         out = []
         for unit, k, payload in zip(batch["unit"].tolist(), batch["index"].tolist(), batch["payload"], strict=True):
@@ -85,7 +85,9 @@ class EmbedActor:
             label = shard_label(self.ctx, int(unit), int(k))
             emb = embed_shard(sents, self.embedder, label)
             heads = embed_headings(sents, self.embedder, label)
-            out.append(pickle.dumps(write_shard(self.ctx, int(unit), int(k), docs, sents, emb, heads), protocol=5))
+            passages = embed_passages(sents, self.embedder, label, self.ctx.passage_tokens)
+            out.append(pickle.dumps(write_shard(self.ctx, int(unit), int(k), docs, sents, emb, heads, passages),
+                                    protocol=5))
         return {"unit": batch["unit"], "index": batch["index"], "payload": np.array(out, dtype=object)}
 
 

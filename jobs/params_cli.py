@@ -56,6 +56,9 @@ QASC_HELP = {
                       "questions' texts)",
     "lexical_spread": "the lexical term is on for queries whose heading spread is below this ('none': for every "
                       "query; stores without heading paths have spread 0)",
+    "budget_fill": "with --budget-tokens: the budget left after the chunks is filled with the store's best passages "
+                   "(sentence runs embedded whole at ingest, --passage-tokens), cut where they overlap; "
+                   "--no-budget-fill: the chunks alone (stores without passages: no effect)",
 }
 UNSET = argparse.SUPPRESS  # flag not given: keep the store's value (None from a flag means 'none')
 RETRIEVAL_HELP = {

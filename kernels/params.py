@@ -84,6 +84,11 @@ class QascParams:
     # bench/RESULTS.md, "The gated lexical term")
     lexical_weight: float = 0.8
     lexical_spread: float | None = 0.1
+    # budget fill (engine.fill, stores with passages): with budget_tokens set, the budget left after the chunks is
+    # filled with the best passages (the store's sentence runs up to its passage_tokens, embedded whole), cut where
+    # they overlap what is already returned. The development suite's choice at 400 tokens (bench/RESULTS.md,
+    # "The budget fill")
+    budget_fill: bool = True
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be a finite number, got {getattr(self, name)}" for name in FLOAT_FIELDS

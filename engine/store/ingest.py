@@ -25,6 +25,7 @@ import numpy as np
 
 from engine.config import EngineConfig
 from engine.errors import QascError, first_line
+from engine.passages import DEFAULT_PASSAGE_TOKENS
 from engine.store import index as faiss_index
 from engine.store.files import (
     ResumableError,
@@ -68,6 +69,9 @@ class IngestConfig:
     index: str = "auto"  # auto | flat | ivf | hnsw
     dtype_store: str | None = None  # float32 | float16 (None: the store's, else float32)
     max_sentence_tokens: int | None = None  # token cap of a sentence (None: the store's, else 128)
+    # passages (engine.passages) packed up to this many tokens, 0: none (None: the store's; a store written
+    # before format 3 has none; else DEFAULT_PASSAGE_TOKENS)
+    passage_tokens: int | None = None
     shard_chars: int = DEFAULT_SHARD_CHARS  # input characters per shard: the unit of writing and of resume
     unit_bytes: int = DEFAULT_UNIT_BYTES  # input bytes per read unit: the unit of planning and parallel reading
     read: ReadOptions = field(default_factory=ReadOptions)
@@ -78,7 +82,10 @@ class IngestConfig:
         cap = self.max_sentence_tokens
         if cap is None:
             cap = old["splitter"]["max_sentence_tokens"] if old else DEFAULT_MAX_SENTENCE_TOKENS
-        return replace(self, dtype_store=dtype, max_sentence_tokens=cap)
+        passage = self.passage_tokens
+        if passage is None:
+            passage = old["splitter"].get("passage_tokens", 0) if old else DEFAULT_PASSAGE_TOKENS
+        return replace(self, dtype_store=dtype, max_sentence_tokens=cap, passage_tokens=passage)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -103,6 +110,9 @@ def _validate(config: EngineConfig, settings: IngestConfig, local: bool) -> None
     if not 1 <= settings.max_sentence_tokens <= e.max_length - 2:
         raise QascError(f"--max-sentence-tokens must be in [1, {e.max_length - 2}] (--max-length minus the 2 "
                         f"special tokens), got {settings.max_sentence_tokens}")
+    if not 0 <= settings.passage_tokens <= e.max_length - 2:
+        raise QascError(f"--passage-tokens must be in [0, {e.max_length - 2}] (0: no passages; at most --max-length "
+                        f"minus the 2 special tokens), got {settings.passage_tokens}")
     if settings.dtype_store not in STORE_DTYPES:
         raise QascError(f"--dtype-store must be one of {', '.join(STORE_DTYPES)}, got {settings.dtype_store!r}")
     faiss_index.choose_kind(0, settings.index)
@@ -188,6 +198,8 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
         raise QascError(f"cannot find model {name!r}: {first_line(exc)}") from None
     dtype_store = settings.dtype_store
     splitter_desc = {**config.splitter.describe(), "max_sentence_tokens": settings.max_sentence_tokens}
+    if settings.passage_tokens:  # absent from stores without passages (those written before format 3 too)
+        splitter_desc["passage_tokens"] = settings.passage_tokens
     if old:
         check_compatible(old, root, name, fingerprint, splitter_desc, dtype_store)
         check_sizes(root, old)  # never append to a store whose committed files are missing or cut
@@ -203,7 +215,7 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
     ids = _IdCheck(root, old)
     ids.check_known(known)
     ctx = IngestContext(config, opts, settings.max_sentence_tokens, str(root), dtype_store, settings.shard_chars,
-                        first_id, memory)
+                        first_id, memory, settings.passage_tokens)
     plan = {"base_generation": old["generation"] if old else 0, "fingerprint": fingerprint,
             "splitter": splitter_desc, "dtype": dtype_store, "read": asdict(opts), "sources": sources,
             "shard_chars": settings.shard_chars, "unit_bytes": settings.unit_bytes,

@@ -31,9 +31,11 @@ from engine.store.schema import (
     HEADINGS_DIR,
     LOCK,
     MANIFEST,
+    PASSAGES_DIR,
     SENTENCES_DIR,
     STAGED_DOCUMENTS,
     STAGED_HEADINGS,
+    STAGED_PASSAGES,
     STAGED_SENTENCES,
     STAGING,
     shard_name,
@@ -99,7 +101,7 @@ def existing_manifest(path: str | Path) -> dict | None:
         raise QascError(f"--store {root}: exists and is a file, not a store folder")
     if (root / MANIFEST).exists():
         return read_manifest(root)
-    ours = {STAGING, LOCK, DOCUMENTS_DIR, SENTENCES_DIR, HEADINGS_DIR}
+    ours = {STAGING, LOCK, *SHARD_DIRS}
     strangers = [p.name for p in root.iterdir() if p.name not in ours and not p.name.startswith(".")
                  and not re.fullmatch(r"index-\d+\.faiss", p.name)]
     if strangers:
@@ -107,7 +109,7 @@ def existing_manifest(path: str | Path) -> dict | None:
                         f"{', '.join(sorted(strangers)[:3])}); use a new or empty folder")
     if not (root / STAGING).exists():  # no ingest to resume: store files without a manifest are a damaged store
         held = [p for p in root.iterdir() if re.fullmatch(r"index-\d+\.faiss", p.name)]
-        held += [f for d in (DOCUMENTS_DIR, SENTENCES_DIR, HEADINGS_DIR) if (root / d).is_dir()
+        held += [f for d in SHARD_DIRS if (root / d).is_dir()
                  for f in (root / d).iterdir()]
         if held:
             raise QascError(f"--store {root}: holds store files ({held[0].relative_to(root)}, ...) but no {MANIFEST} "
@@ -169,11 +171,13 @@ def _key(unit: int, index: int) -> str:
     return f"{unit:06d}-{index:06d}"
 
 
-SHARD_FILES = ("documents", "sentences", "headings")  # a record's / shard entry's files ("headings": format 2)
+SHARD_DIRS = (DOCUMENTS_DIR, SENTENCES_DIR, HEADINGS_DIR, PASSAGES_DIR)  # the store's folders of shard files
+SHARD_FILES = ("documents", "sentences", "headings", "passages")  # a shard's files (headings: format 2, passages: 3)
 
 
 def shard_files(record: dict) -> list[str]:
-    """The store-relative files of a shard record or manifest shard entry (no headings file before format 2)."""
+    """The store-relative files of a shard record or manifest shard entry (no headings file before format 2, no
+    passages file before format 3 or in a store without passages)."""
     return [record[k] for k in SHARD_FILES if k in record]
 
 
@@ -197,8 +201,8 @@ class Staging:
             self.discard()
         elif old is not None:
             self._load_records(log)
-        folders = (root, root / DOCUMENTS_DIR, root / SENTENCES_DIR, root / HEADINGS_DIR, self.dir, self.shards_dir,
-                   self.units_dir, root / STAGED_DOCUMENTS, root / STAGED_SENTENCES, root / STAGED_HEADINGS)
+        folders = (root, *(root / d for d in SHARD_DIRS), self.dir, self.shards_dir, self.units_dir,
+                   root / STAGED_DOCUMENTS, root / STAGED_SENTENCES, root / STAGED_HEADINGS, root / STAGED_PASSAGES)
         for folder in folders:
             folder.mkdir(parents=True, exist_ok=True)
             for tmp in folder.glob(".*.tmp-*"):  # half-written temp files of a killed run
@@ -280,7 +284,7 @@ class Staging:
                 if rel is not None and (self.root / rel).exists():
                     os.replace(self.root / rel, self.root / final[key_name])
             out.append(final)
-        for folder in (DOCUMENTS_DIR, SENTENCES_DIR, HEADINGS_DIR):
+        for folder in SHARD_DIRS:
             fd = os.open(self.root / folder, os.O_RDONLY)
             try:
                 os.fsync(fd)
@@ -331,7 +335,7 @@ def check_compatible(manifest: dict, root: Path, name: str, fingerprint: str, sp
 
 
 def shard_entry(record: dict) -> dict:
-    keys = ("id", *SHARD_FILES, "n_documents", "n_sentences", "n_headings", "chars")
+    keys = ("id", *SHARD_FILES, "n_documents", "n_sentences", "n_headings", "n_passages", "chars")
     return {k: record[k] for k in keys if k in record}
 
 
@@ -365,7 +369,7 @@ def build_manifest(old: dict | None, config: EngineConfig, name: str, fingerprin
 
 def remove_new_store(root: Path) -> None:
     """After a failed first ingest: remove what this run created, so nothing half-written is left."""
-    for name in (DOCUMENTS_DIR, SENTENCES_DIR, HEADINGS_DIR):
+    for name in SHARD_DIRS:
         with contextlib.suppress(OSError):
             (root / name).rmdir()
     (root / LOCK).unlink(missing_ok=True)

@@ -22,10 +22,18 @@ import torch
 
 from engine.config import EngineConfig
 from engine.errors import QascError, first_line
+from engine.passages import Passages
 from engine.store import index as faiss_index
 from engine.store.files import read_table
 from engine.store.manifest import check_sizes, read_manifest
-from engine.store.schema import DOCUMENTS_SCHEMA, STORE_DTYPES, embeddings_of, headings_schema, sentences_schema
+from engine.store.schema import (
+    DOCUMENTS_SCHEMA,
+    STORE_DTYPES,
+    embeddings_of,
+    headings_schema,
+    passages_schema,
+    sentences_schema,
+)
 from engine.types import Headings, Sentences
 from kernels.ivf_scan import ivf_sq8_topk
 
@@ -137,6 +145,43 @@ def merge_headings(heads: list[Headings], dim: int) -> Headings:
     return Headings(list(ids), np.concatenate(rows) if rows else np.zeros(0, np.int32), emb)
 
 
+def load_passages(root: Path, shard: dict, manifest: dict, row_start: int) -> Passages:
+    """A shard's passages (engine.passages), `first` made global (+ row_start, the shard's first row); empty for
+    a shard without a passages file. QascError when the table is damaged or its runs do not tile the shard's
+    rows in order."""
+    dim, dtype = int(manifest["dim"]), manifest["dtype"]
+    if "passages" not in shard:
+        return Passages.empty(dim)
+    where = root / shard["passages"]
+    try:
+        pt = read_table(root, shard["passages"])
+        if pt.schema.names != passages_schema(dim, dtype).names:
+            raise QascError(f"{where}: unexpected columns {pt.schema.names}")
+        first = pt.column("first").to_numpy().astype(np.int64)
+        count = pt.column("count").to_numpy().astype(np.int32)
+        tokens = pt.column("n_tokens").to_numpy().astype(np.int32)
+        emb = embeddings_of(pt, dim, str(where), None)
+    except (ValueError, TypeError, pa.ArrowException) as exc:
+        raise QascError(f"{where}: damaged passages ({first_line(exc)}); run qasc verify") from None
+    n = int(shard["n_sentences"])
+    tiles = len(first) == 0 or (first[0] == 0 and bool(np.all(count > 0))
+                                and bool(np.all(first[1:] == first[:-1] + count[:-1])))
+    if not tiles or int(count.sum()) != n or bool(np.any(tokens < 0)):
+        raise QascError(f"{where}: passages do not tile the shard's {n} sentence rows in order")
+    if not np.isfinite(emb).all():
+        raise QascError(f"{where}: NaN/inf passage vectors")
+    return Passages(first + row_start, count, tokens, emb)
+
+
+def merge_passages(parts: list[Passages], dim: int, dtype: str) -> Passages:
+    """Per-shard passages (global first rows) -> the store's, vectors in the store's dtype."""
+    if not parts or not any(len(p.first) for p in parts):
+        return Passages.empty(dim)
+    return Passages(np.concatenate([p.first for p in parts]), np.concatenate([p.count for p in parts]),
+                    np.concatenate([p.n_tokens for p in parts]),
+                    np.concatenate([np.asarray(p.emb).reshape(-1, dim) for p in parts]).astype(np.dtype(dtype)))
+
+
 class Store:
     """A committed store in memory: documents, sentence rows, embeddings (N, dim) in the store's dtype, heading
     paths, index.
@@ -145,11 +190,13 @@ class Store:
     embeddings: the same memory as a numpy array while on CPU (the device tensor after `to_device`);
     index: the FAISS index, or None (flat stores by default: exact search over `vectors`);
     heading_paths (H) distinct texts over the whole store, heading_emb (H, dim) float32, row_heading (N,) int32
-    each row's path (-1: none; every row of a format-1 store)."""
+    each row's path (-1: none; every row of a format-1 store); passages (engine.passages.Passages, global first
+    rows, vectors in the store's dtype; empty for a store without passages), read from the store's files on first
+    use (only the budget fill needs them)."""
 
     def __init__(self, path: Path, manifest: dict, docs: list[Sentences], metadata: list[dict],
                  sources: list[str], embeddings: np.ndarray | torch.Tensor, index,
-                 headings: Headings | None = None) -> None:
+                 headings: Headings | None = None, passages: Passages | None = None) -> None:
         self.path = path
         self.manifest = manifest
         self.docs = docs
@@ -168,6 +215,7 @@ class Store:
             headings = Headings([], np.full(len(embeddings), -1, np.int32),
                                      np.zeros((0, embeddings.shape[1]), np.float32))
         self.heading_paths, self.row_heading, self.heading_emb = headings
+        self._passages = passages
 
     @classmethod
     def open(cls, path: str | Path, *, load_index: bool | str = "auto", device="cpu", nprobe: int | None = None
@@ -228,6 +276,16 @@ class Store:
             index = faiss_index.load_index(root, manifest, nprobe=nprobe)
             index = faiss_index.to_device(index, kind, device)
         return cls(root, manifest, docs, metadata, sources, emb, index, merge_headings(heads, dim))
+
+    @property
+    def passages(self) -> Passages:
+        if self._passages is None:
+            dim, parts, row = int(self.manifest["dim"]), [], 0
+            for shard in self.manifest.get("shards", []):
+                parts.append(load_passages(self.path, shard, self.manifest, row))
+                row += int(shard["n_sentences"])
+            self._passages = merge_passages(parts, dim, self.manifest["dtype"])
+        return self._passages
 
     @property
     def config(self) -> EngineConfig:

@@ -1,4 +1,4 @@
-"""Store format: file names, Arrow schemas of the three tables, and the embedding column <-> numpy.
+"""Store format: file names, Arrow schemas of the tables, and the embedding column <-> numpy.
 
 A store is one folder (README, "Store format"):
     manifest.json                  written last, atomically; lists every file with its sha256 and size
@@ -8,9 +8,12 @@ A store is one folder (README, "Store format"):
                                    fixed_size_list<float32|float16>[dim]
     headings/part-NNNNNN.parquet   headings_schema(dim, dtype) (format 2): path, embedding; the shard's distinct
                                    heading paths, indexed by the sentences' heading column (-1 = none)
+    passages/part-NNNNNN.parquet   passages_schema(dim, dtype) (format 3): first, count, n_tokens, embedding; runs
+                                   of the shard's sentence rows (first: shard-local row) packed within a paragraph
+                                   up to the store's passage_tokens, each embedded as one text (engine.passages)
     index-GGGG.faiss               FAISS index over every sentence row (id = global row), generation GGGG
     _staging/                      only while an ingest runs or after it crashed: plan.json, the workers' shard
-                                   files (documents/, sentences/, headings/ uUUUUUU-sKKKKKK.parquet),
+                                   files (documents/, sentences/, headings/, passages/ uUUUUUU-sKKKKKK.parquet),
                                    shards/UUUUUU-KKKKKK.json, units/UUUUUU.json, commit.json (staged file -> store
                                    shard id)
 """
@@ -23,13 +26,16 @@ import pyarrow as pa
 from engine.errors import QascError
 
 FORMAT = "qasc-store"
-FORMAT_VERSION = 2  # 2: heading column + headings/ files (a format-1 store opens, without headings)
+# 2: heading column + headings/ files (a format-1 store opens, without headings); 3: passages/ files (a format-2
+# store opens, without passages: no budget fill)
+FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 STAGING = "_staging"
 LOCK = ".lock"
 DOCUMENTS_DIR = "documents"
 SENTENCES_DIR = "sentences"
 HEADINGS_DIR = "headings"
+PASSAGES_DIR = "passages"
 STORE_DTYPES = ("float32", "float16")
 SENTENCE_ROW_GROUP = 8192
 DOCUMENT_ROW_GROUP = 256
@@ -70,6 +76,13 @@ def headings_schema(dim: int, dtype: str = "float32") -> pa.Schema:
     return pa.schema([pa.field("path", pa.string(), nullable=False), _embedding(dim, dtype)])
 
 
+def passages_schema(dim: int, dtype: str = "float32") -> pa.Schema:
+    """first int32 (shard-local sentence row), count int32 (rows), n_tokens int32 + embedding
+    fixed_size_list<dtype>[dim] of the rows' text (engine.passages)."""
+    return pa.schema([pa.field("first", pa.int32(), nullable=False), pa.field("count", pa.int32(), nullable=False),
+                      pa.field("n_tokens", pa.int32(), nullable=False), _embedding(dim, dtype)])
+
+
 def shard_name(shard_id: int) -> str:
     return f"part-{shard_id:06d}.parquet"
 
@@ -103,7 +116,9 @@ def embeddings_of(table: pa.Table, dim: int, where: str, dtype: str | None = "fl
 STAGED_DOCUMENTS = f"{STAGING}/{DOCUMENTS_DIR}"  # a running ingest's shard files, renamed into place at commit
 STAGED_SENTENCES = f"{STAGING}/{SENTENCES_DIR}"
 STAGED_HEADINGS = f"{STAGING}/{HEADINGS_DIR}"
+STAGED_PASSAGES = f"{STAGING}/{PASSAGES_DIR}"
 HEADING_ROW_GROUP = 8192
+PASSAGE_ROW_GROUP = 8192
 
 
 def staged_name(unit_id: int, k: int) -> str:

@@ -1,6 +1,7 @@
 """Ingest stages of one read unit: read (validate) -> cut into shards -> split (sentences, token cap) -> embed
 -> write (atomic, into _staging/), and the in-process runner. Each shard also gets its heading paths (the
-splitter's markdown / wikitext headings in force at each sentence), embedded with the same model.
+splitter's markdown / wikitext headings in force at each sentence) and its passages (engine.passages: sentence
+runs within a paragraph up to the store's passage_tokens), embedded with the same model.
 
 A worker does all of it for the units it is given and hands back only small records (file names, digests,
 counts, doc_ids): the driver never holds a shard's text or embeddings. `LocalRunner` runs the stages in this
@@ -22,6 +23,7 @@ import pyarrow as pa
 
 from engine.config import EngineConfig
 from engine.errors import QascError
+from engine.passages import Passages, pack_passages
 from engine.splitter import SplitterConfig, heading_paths, split_sentences
 from engine.store import index_child
 from engine.store.files import ResumableError, atomic_parquet, file_digest
@@ -31,11 +33,14 @@ from engine.store.schema import (
     DOCUMENT_ROW_GROUP,
     DOCUMENTS_SCHEMA,
     HEADING_ROW_GROUP,
+    PASSAGE_ROW_GROUP,
     SENTENCE_ROW_GROUP,
     STAGED_DOCUMENTS,
     STAGED_HEADINGS,
+    STAGED_PASSAGES,
     STAGED_SENTENCES,
     headings_schema,
+    passages_schema,
     sentences_schema,
     staged_name,
 )
@@ -59,6 +64,7 @@ class IngestContext:
     first_shard: int  # global id of unit 0's first shard (the store's shard count before this ingest)
     # in-memory inputs (engine.store.ingest_table): their Documents by source label; empty for files
     memory: Mapping[str, Sequence[Document]] = field(default_factory=dict, compare=False, repr=False)
+    passage_tokens: int = 0  # passages packed up to this many tokens (engine.passages); 0: none (older stores)
 
 
 def unit_shards(unit: InputUnit, ctx: IngestContext, counts: dict[str, int] | None = None
@@ -125,13 +131,50 @@ def embed_headings(sents: Sequence[Sentences], embedder, label: str) -> Headings
     paths, rows = shard_heading_paths(sents)
     if not paths:
         return Headings([], rows, np.zeros((0, embedder.dim), np.float32))
+    return Headings(paths, rows, _encode_checked(embedder, paths, label, "heading"))
+
+
+def _encode_checked(embedder, texts: list[str], label: str, what: str) -> np.ndarray:
+    """texts -> (n, dim) float32 from one encode; QascError naming the shard for a model error or NaN/inf."""
     try:
-        emb = embedder.encode(paths)
+        emb = embedder.encode(texts)
     except ValueError as exc:
-        raise QascError(f"shard {label} headings: {exc}") from None
+        raise QascError(f"shard {label} {what}s: {exc}") from None
     if not np.isfinite(emb).all():
-        raise QascError(f"shard {label}: the embedding model produced NaN/inf heading vectors; refusing to store")
-    return Headings(paths, rows, emb)
+        raise QascError(f"shard {label}: the embedding model produced NaN/inf {what} vectors; refusing to store")
+    return emb
+
+
+def embed_passages(sents: Sequence[Sentences], embedder, label: str, max_tokens: int) -> Passages | None:
+    """Stage embed, passages: the shard's sentence runs (engine.passages.pack_passages, first = shard-local row)
+    in one length-sorted encode; None when max_tokens is 0 (a store without passages)."""
+    if max_tokens <= 0:
+        return None
+    firsts, counts, texts = [], [], []
+    base = 0
+    for s in sents:
+        first, count = pack_passages(s.paragraph, s.n_tokens, max_tokens)
+        ends = first + count - 1
+        texts.extend(s.text[a:b] for a, b in zip(s.char_start[first].tolist(), s.char_end[ends].tolist(), strict=True))
+        firsts.append(first + base)
+        counts.append(count)
+        base += len(s)
+    first = np.concatenate(firsts) if firsts else np.zeros(0, np.int64)
+    count = np.concatenate(counts) if counts else np.zeros(0, np.int32)
+    row_tokens = np.concatenate([s.n_tokens for s in sents]).astype(np.int64) if sents else np.zeros(0, np.int64)
+    cum = np.concatenate([[0], np.cumsum(row_tokens)])
+    n_tokens = (cum[first + count] - cum[first]).astype(np.int32)
+    if not texts:
+        return Passages(first, count, n_tokens, np.zeros((0, embedder.dim), np.float32))
+    return Passages(first, count, n_tokens, _encode_checked(embedder, texts, label, "passage"))
+
+
+def passage_table(passages: Passages, dim: int, dtype: str) -> pa.Table:
+    return pa.Table.from_arrays([
+        pa.array(np.asarray(passages.first, np.int32)), pa.array(np.asarray(passages.count, np.int32)),
+        pa.array(np.asarray(passages.n_tokens, np.int32)),
+        _fixed_list(np.asarray(passages.emb, np.float32).reshape(-1, dim), dtype),
+    ], schema=passages_schema(dim, dtype))
 
 
 def _fixed_list(emb: np.ndarray, dtype: str) -> pa.FixedSizeListArray:
@@ -172,10 +215,10 @@ def shard_tables(docs: Sequence[Document], sents: Sequence[Sentences], emb: np.n
 
 
 def write_shard(ctx: IngestContext, unit_id: int, k: int, docs: Sequence[Document], sents: Sequence[Sentences],
-                emb: np.ndarray, headings: Headings) -> dict:
-    """Stage write: the three Parquet files of a shard into _staging/, each atomically -> the shard's record
-    (names, counts, digests, doc_ids). The driver renames them into documents/, sentences/ and headings/ when it
-    commits."""
+                emb: np.ndarray, headings: Headings, passages: Passages | None = None) -> dict:
+    """Stage write: the Parquet files of a shard into _staging/, each atomically -> the shard's record
+    (names, counts, digests, doc_ids). The driver renames them into documents/, sentences/, headings/ (and
+    passages/, when the store has passages) when it commits."""
     label = shard_label(ctx, unit_id, k)
     if len(emb) != sum(len(s) for s in sents):
         raise QascError(f"shard {label}: {len(emb)} embeddings for {sum(len(s) for s in sents)} sentences")
@@ -185,18 +228,28 @@ def write_shard(ctx: IngestContext, unit_id: int, k: int, docs: Sequence[Documen
     if len(headings.rows) != len(emb) or len(headings.emb) != len(headings.paths):
         raise QascError(f"shard {label}: {len(headings.rows)} heading ids for {len(emb)} sentences, "
                         f"{len(headings.emb)} heading vectors for {len(headings.paths)} paths")
+    if passages is not None and (int(passages.count.sum()) != len(emb) or len(passages.emb) != len(passages.first)):
+        raise QascError(f"shard {label}: passages cover {int(passages.count.sum())} of {len(emb)} sentences, "
+                        f"{len(passages.emb)} passage vectors for {len(passages.first)} passages")
     documents, sentences, heads = shard_tables(docs, sents, emb, ctx.dtype, headings)
     name = staged_name(unit_id, k)
     record = {"unit": unit_id, "index": k, "documents": f"{STAGED_DOCUMENTS}/{name}",
               "sentences": f"{STAGED_SENTENCES}/{name}", "headings": f"{STAGED_HEADINGS}/{name}",
               "n_documents": len(docs), "n_sentences": len(emb), "n_headings": len(headings.paths),
               "dim": int(emb.shape[1]), "chars": sum(len(d.text) for d in docs)}
+    if passages is not None:
+        record["passages"] = f"{STAGED_PASSAGES}/{name}"
+        record["n_passages"] = len(passages.first)
     try:
         atomic_parquet(documents, root / record["documents"], DOCUMENT_ROW_GROUP)
         atomic_parquet(sentences, root / record["sentences"], SENTENCE_ROW_GROUP)
         atomic_parquet(heads, root / record["headings"], HEADING_ROW_GROUP)
-        record["checksums"] = {rel: file_digest(root / rel)
-                               for rel in (record["documents"], record["sentences"], record["headings"])}
+        files = [record["documents"], record["sentences"], record["headings"]]
+        if passages is not None:
+            atomic_parquet(passage_table(passages, int(emb.shape[1]), ctx.dtype), root / record["passages"],
+                           PASSAGE_ROW_GROUP)
+            files.append(record["passages"])
+        record["checksums"] = {rel: file_digest(root / rel) for rel in files}
     except OSError as exc:
         raise ResumableError(f"cannot write shard {label} into {root}: {exc.strerror or exc}; finished shards "
                              f"are kept, run the same ingest again to resume") from None
@@ -277,6 +330,7 @@ class LocalRunner:
                 label = shard_label(ctx, unit.unit_id, k)
                 emb = embed_shard(sents, self.embedder, label, progress.advance)
                 heads = embed_headings(sents, self.embedder, label)
-                on_shard(write_shard(ctx, unit.unit_id, k, docs, sents, emb, heads))
-                del docs, sents, emb, heads
+                passages = embed_passages(sents, self.embedder, label, ctx.passage_tokens)
+                on_shard(write_shard(ctx, unit.unit_id, k, docs, sents, emb, heads, passages))
+                del docs, sents, emb, heads, passages
             on_unit({"unit": unit.unit_id, "shards": n, "jsonl_counts": counts})

@@ -12,7 +12,7 @@ from engine.errors import QascError, first_line
 from engine.store import index as faiss_index
 from engine.store.files import file_digest
 from engine.store.manifest import read_manifest, shard_files
-from engine.store.reader import load_shard
+from engine.store.reader import load_passages, load_shard
 from engine.store.schema import STAGING
 from engine.types import Sentences
 
@@ -57,12 +57,14 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
     embs: list[np.ndarray] = []
     head_embs: list[np.ndarray] = []
     problems = []
+    n_passages = 0
     for shard in manifest["shards"]:
         try:
             d, _, _, e, h = load_shard(root, shard, manifest)
             docs.extend(d)
             embs.append(e)
             head_embs.append(h.emb)
+            n_passages += len(load_passages(root, shard, manifest, 0).first)
         except QascError as exc:
             problems.append(str(exc))
     n_sent = sum(len(d) for d in docs)
@@ -79,7 +81,8 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
         row += int(shard["n_sentences"])
         doc += int(shard["n_documents"])
     check("tables", problems, f"{counts['shards']} shards, {counts['documents']} documents, "
-                              f"{counts['sentences']} sentences readable, counts match")
+                              f"{counts['sentences']} sentences" + (f", {n_passages} passages" if n_passages else "")
+                              + " readable, counts match")
     loaded = not problems
 
     problems = []

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.config import RetrievalConfig
-from jobs.eval.retrieval import Hit
+from engine.passages import fill_budget
+from jobs.eval.retrieval import Hit, TokenCutter, within_budget
 from kernels.params import QascParams
 
 NEUTRAL = {"top_k": None, "budget_tokens": None, "score_margin": None}
@@ -33,7 +34,7 @@ SHORT = {"percentile": "p", "radius": "m", "decay": "lam", "factor": "f", "gap":
          "extent": "extent", "max_extent": "runs", "extent_penalty": "pen", "max_picks": "picks",
          "focus_gap": "focus", "far_margin": "far", "block_extents": "blocks", "length_bonus": "lam",
          "context_weight": "ctx", "heading_residual": "hres", "boost_runs_once": "once",
-         "blocks_need_heading": "bhead", "lexical_weight": "lex", "lexical_spread": "lexsp"}
+         "blocks_need_heading": "bhead", "lexical_weight": "lex", "lexical_spread": "lexsp", "budget_fill": "fill"}
 
 
 @dataclass(frozen=True)
@@ -250,6 +251,62 @@ def run_setting(engine, query_emb, s: Setting, texts: Sequence[str] | None = Non
     questions, for the lexical term (params.lexical_weight > 0; left out without them)."""
     with torch_threads(1):
         return chunks_to_hits(engine.query_embedded(query_emb, s.params, s.retrieval, questions=texts))
+
+
+class BudgetFill:
+    """The engine's budget fill (engine.fill) at the harness's token budgets: a setting's ranked chunks cut to the
+    budget as every method's are (`within_budget`), then the store's best passages for the query, ranked once per
+    distinct (context, lexical) weights, through the engine's own `PassageTier.rank` and `fill_budget`.
+
+    A store without passages (or params.budget_fill off) gets the cut chunks alone."""
+
+    def __init__(self, engine, query_emb, texts: Sequence[str]) -> None:
+        import torch
+
+        self.engine = engine
+        self.tier = engine.passage_tier() if hasattr(engine, "passage_tier") else None
+        self.query = torch.as_tensor(np.asarray(query_emb, dtype=np.float32))
+        self.texts = list(texts)
+        self._ranked: dict[tuple, tuple[list[list[int]], list[list[float]]]] = {}
+        if self.tier is not None:
+            store = engine.store
+            self.offsets = np.asarray(store.doc_offsets, np.int64)
+            self.doc_index = {d: i for i, d in enumerate(store.doc_ids)}
+
+    def ranked(self, params: QascParams) -> tuple[list[list[int]], list[list[float]]]:
+        key = (params.context_weight, params.heading_residual, params.lexical_weight, params.lexical_spread)
+        if key not in self._ranked:
+            e = self.engine
+            heading_emb = e.heading_tensors()[0] if e.uses_context(params) else None
+            with torch_threads(1):
+                ids, scores = self.tier.rank(self.query.to(e.device), params, self.texts, heading_emb)
+            self._ranked[key] = (ids.cpu().tolist(), scores.cpu().tolist())
+        return self._ranked[key]
+
+    def rows(self, hit: Hit) -> tuple[int, int]:
+        """A sentence-aligned hit -> its global rows (first, last inclusive)."""
+        d = self.doc_index[hit[0]]
+        lo, hi = int(self.offsets[d]), int(self.offsets[d + 1])
+        starts = self.engine.row_table.char_start[lo:hi]
+        r0 = lo + int(np.searchsorted(starts, hit[1], side="right")) - 1
+        r1 = lo + int(np.searchsorted(starts, hit[2] - 1, side="right")) - 1
+        return max(r0, lo), max(r1, lo)
+
+    def hits(self, ranked: Sequence[Sequence[Hit]], params: QascParams, budget: int,
+             cutter: TokenCutter | None) -> list[list[Hit]]:
+        base = [within_budget(h, budget, cutter) for h in ranked]
+        if self.tier is None or not params.budget_fill:
+            return base
+        ids, scores = self.ranked(params)
+        table, first = self.engine.row_table, self.tier.first.cpu().numpy()
+        out = []
+        for q, hits in enumerate(base):
+            taken = [self.rows(h) for h in hits]
+            pieces = fill_budget(taken, sum(h[3] for h in hits), budget, ids[q], scores[q], first, self.tier.count,
+                                 self.engine.row_tokens)
+            out.append(list(hits) + [(table.doc_ids[int(table.doc[a])], int(table.char_start[a]),
+                                      int(table.char_end[b]), tok, sc, b - a + 1) for a, b, tok, sc in pieces])
+        return out
 
 
 def sentence_histogram(hits_per_q: Sequence[Sequence[Hit]]) -> dict[str, int]:

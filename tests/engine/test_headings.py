@@ -99,7 +99,7 @@ def test_store_keeps_heading_paths_per_shard(tmp_path, tiny_model):
     ingest([str(src)], tmp_path / "store", config, settings=IngestConfig(shard_chars=200))  # one doc a shard
     store = Store.open(tmp_path / "store")
     m = store.manifest
-    assert m["format_version"] == 2 and all("headings" in s for s in m["shards"])
+    assert m["format_version"] == 3 and all("headings" in s for s in m["shards"])
     assert all(s["headings"] in m["checksums"] for s in m["shards"])
     assert len(store.row_heading) == len(store.embeddings) == m["counts"]["sentences"]
     assert store.heading_emb.shape == (len(store.heading_paths), m["dim"])
@@ -120,7 +120,7 @@ def test_store_keeps_heading_paths_per_shard(tmp_path, tiny_model):
 
 
 def downgrade_to_format_1(root) -> None:
-    """Rewrite a store as format 1 wrote it: no heading column, no headings files, manifest version 1."""
+    """Rewrite a store as format 1 wrote it: no heading column, no headings or passages files, manifest version 1."""
     m = json.loads((root / "manifest.json").read_text())
     for shard in m["shards"]:
         st = pq.read_table(root / shard["sentences"])
@@ -129,6 +129,11 @@ def downgrade_to_format_1(root) -> None:
         (root / shard.pop("headings")).unlink()
         m["checksums"].pop(f"headings/{shard['sentences'].split('/')[1]}")
         shard.pop("n_headings")
+        if "passages" in shard:  # format 3's passages files came later still
+            (root / shard["passages"]).unlink()
+            m["checksums"].pop(shard.pop("passages"))
+            shard.pop("n_passages")
+    m["splitter"].pop("passage_tokens", None)
     m["format_version"] = 1
     (root / "manifest.json").write_text(json.dumps(m))
 
@@ -147,6 +152,6 @@ def test_format_1_store_opens_without_headings(tmp_path, tiny_model):
     more = write_corpus(tmp_path / "more", {"c": DOC.replace("a.com", "c.com")})  # append: new shards get headings
     ingest([str(more)], tmp_path / "store")
     both = Store.open(tmp_path / "store")
-    assert both.manifest["format_version"] == 2 and "Privacy policy of c.com" in both.heading_paths
+    assert both.manifest["format_version"] == 3 and "Privacy policy of c.com" in both.heading_paths
     assert (both.row_heading[: len(before.embeddings)] == -1).all() and (both.row_heading >= 0).any()
     assert all(ok for _, ok, _ in verify_store(tmp_path / "store"))

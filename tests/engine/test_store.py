@@ -52,11 +52,13 @@ def snapshot(path: str | Path) -> dict:
         "embeddings": store.embeddings,
         "index": faiss_index.reconstruct(store.index, np.arange(store.index.ntotal)),
         "counts": m["counts"],
-        "shards": [{k: s.get(k) for k in ("id", "documents", "sentences", "headings", "n_documents", "n_sentences",
-                                          "n_headings")} for s in m["shards"]],
+        "shards": [{k: s.get(k) for k in ("id", "documents", "sentences", "headings", "passages", "n_documents",
+                                          "n_sentences", "n_headings", "n_passages")} for s in m["shards"]],
         "heading_paths": store.heading_paths,
         "row_heading": store.row_heading,
         "heading_emb": store.heading_emb,
+        "passage_rows": np.stack([store.passages.first, store.passages.count, store.passages.n_tokens]),
+        "passage_emb": store.passages.emb,
         "parquet": {k: v for k, v in m["checksums"].items() if k.endswith(".parquet")},
         "index_kind": m["index"]["kind"],
     }
@@ -66,16 +68,19 @@ def assert_same_store(a: dict, b: dict, atol: float = 0.0) -> None:
     for key in ("doc_ids", "texts", "metadata", "counts", "shards", "index_kind", "heading_paths"):
         assert a[key] == b[key], key
     np.testing.assert_array_equal(a["row_heading"], b["row_heading"])
+    np.testing.assert_array_equal(a["passage_rows"], b["passage_rows"])
     for x, y in zip(a["arrays"], b["arrays"], strict=True):
         np.testing.assert_array_equal(x, y)
     if atol:
         np.testing.assert_allclose(a["embeddings"], b["embeddings"], atol=atol)
         np.testing.assert_allclose(a["index"], b["index"], atol=atol)
         np.testing.assert_allclose(a["heading_emb"], b["heading_emb"], atol=atol)
+        np.testing.assert_allclose(a["passage_emb"], b["passage_emb"], atol=atol)
     else:
         np.testing.assert_array_equal(a["embeddings"], b["embeddings"])
         np.testing.assert_array_equal(a["index"], b["index"])
         np.testing.assert_array_equal(a["heading_emb"], b["heading_emb"])
+        np.testing.assert_array_equal(a["passage_emb"], b["passage_emb"])
         assert a["parquet"] == b["parquet"]
 
 

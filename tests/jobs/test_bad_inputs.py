@@ -145,6 +145,10 @@ CASES = [
          r"--max-sentence-tokens must be in \[1, 254\].*got 300"),
     Case("sentence-tokens-zero", lambda t, s: [text(t, "a.md", GOOD), "--max-sentence-tokens", "0"],
          r"--max-sentence-tokens must be in \[1, 254\].*got 0"),
+    Case("passage-tokens-range", lambda t, s: [text(t, "a.md", GOOD), "--passage-tokens", "-1"],
+         r"--passage-tokens must be in \[0, 254\].*got -1"),
+    Case("other-passages", lambda t, s: [text(t, "in/new.md", GOOD), "--passage-tokens", "64"],
+         r"was split with other settings \(store passage_tokens=128, now 64\)", store="append"),
     Case("batch-tokens", lambda t, s: [text(t, "a.md", GOOD), "--batch-tokens", "10"],
          r"--batch-tokens \(10\) must be >= --max-length \(256\)"),
     Case("shard-chars", lambda t, s: [text(t, "a.md", GOOD), "--shard-chars", "-5"], r"--shard-chars must be >= 1"),
@@ -237,8 +241,8 @@ def test_nan_embeddings(tmp_path, tiny_model):
 
 def test_disk_full(tmp_path, tiny_model, monkeypatch, base_store):
     """ENOSPC while writing: a clear message, the finished shards are kept, the same command resumes."""
-    monkeypatch.setenv("QASC_FAILPOINT", "parquet-write:4:enospc")  # shard 0 = 3 files fine (documents, sentences,
-    # headings), shard 1: disk full
+    monkeypatch.setenv("QASC_FAILPOINT", "parquet-write:5:enospc")  # shard 0 = 4 files fine (documents, sentences,
+    # headings, passages), shard 1: disk full
     corpus = write_corpus(tmp_path / "c")
     config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
     with pytest.raises(QascError, match=r"cannot write shard 1 into .*: No space left on device; finished shards "

@@ -1,0 +1,158 @@
+"""The budget fill (engine.passages): rank a store's passages for a batch of queries and append the best to
+each query's chunks until its token budget is spent.
+
+Ranking mirrors the sentences': the PASSAGE_POOL best passages by cosine (an exact scan in blocks of
+PASSAGE_BLOCK passages, memory bounded whatever the store's size), then, as for the rows, the query-gated
+heading context (the gate over the first CONTEXT_POOL of them, a passage's heading path the one in force at its
+first row), the heading residual and the gated lexical term (BM25 over the passages' texts), all with the query's
+QascParams; ties keep the higher cosine first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from engine.assemble import ChunkColumns, RowTable
+from engine.lexical import LexicalIndex
+from engine.passages import Passages, fill_budget
+from kernels.context import context_boost, heading_gate, heading_residual
+from kernels.gather import gathered_dots
+from kernels.lexical import lexical_boost, lexical_scores
+from kernels.params import QascParams
+
+PASSAGE_POOL = 64  # passages re-ranked per query: the best by cosine
+PASSAGE_BLOCK = 65536  # passages scored at once in the cosine scan
+CONTEXT_POOL = 32  # the heading gate's pool, as for the rows (engine.query.CONTEXT_POOL)
+
+
+class PassageTier:
+    """A store's passages on the engine's device: first (P,) int64 global row, count (P,), n_tokens (P,), emb
+    (P, dim) in the store's dtype, path (P,) int64 heading path of the first row (-1: none), hs (P,) float32 each
+    passage's dot with its path's embedding (0 without headings)."""
+
+    def __init__(self, passages: Passages, texts: Sequence[str], device: torch.device,
+                 headings: tuple[torch.Tensor, ...] | None) -> None:
+        self.device = device
+        self.first = torch.as_tensor(np.asarray(passages.first, np.int64), device=device)
+        self.count = np.asarray(passages.count, np.int64)
+        self.emb = torch.as_tensor(np.asarray(passages.emb), device=device)
+        self.texts = list(texts)
+        self.path = torch.full((len(self.texts),), -1, dtype=torch.long, device=device)
+        self.hs = torch.zeros(len(self.texts), device=device)
+        if headings is not None and len(self.texts):
+            heading_emb, row_heading = headings[0], headings[1]
+            self.path = row_heading[self.first]
+            ok = self.path >= 0
+            self.hs = gathered_dots(heading_emb, self.emb.float(), self.path.clamp(min=0)[:, None], ok[:, None])[:, 0]
+        self._lexical: LexicalIndex | None = None
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def lexical(self) -> LexicalIndex:
+        if self._lexical is None:
+            self._lexical = LexicalIndex.build(self.texts, self.device)
+        return self._lexical
+
+    def top_cosine(self, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """query (Q, dim) float32 -> cos (Q, k) float32 descending and ids (Q, k) int64: the k best passages, equal
+        scores in id order (which of several passages tied at the k-th score are kept is unspecified)."""
+        best_s = best_i = None
+        for lo in range(0, len(self), PASSAGE_BLOCK):
+            block = self.emb[lo : lo + PASSAGE_BLOCK].float()
+            s = query @ block.T
+            v, i = s.topk(min(k, s.shape[1]), dim=1)
+            i = i + lo
+            if best_s is not None:
+                v, i = torch.cat([best_s, v], 1), torch.cat([best_i, i], 1)
+            by_id = torch.sort(i, dim=1, stable=True).indices  # then by score, stable: ties in id order
+            v, i = v.gather(1, by_id), i.gather(1, by_id)
+            order = torch.sort(v, dim=1, descending=True, stable=True).indices[:, :k]
+            best_s, best_i = v.gather(1, order), i.gather(1, order)
+        return best_s, best_i
+
+    def rank(self, query: torch.Tensor, params: QascParams, questions: Sequence[str] | None,
+             heading_emb: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """query (Q, dim) float32 -> ids (Q, K) int64 and scores (Q, K) float32, best first, K = min(P,
+        PASSAGE_POOL): cosine + heading context + heading residual + gated lexical term (params' weights; the
+        context only with heading_emb, the lexical term only with the questions' texts)."""
+        cos, ids = self.top_cosine(query, min(PASSAGE_POOL, len(self)))
+        valid = torch.ones_like(ids, dtype=torch.bool)
+        score = cos
+        spread = torch.zeros(query.shape[0], device=query.device)
+        if heading_emb is not None and params.context_weight > 0:
+            path = self.path[ids]
+            c = gathered_dots(heading_emb, query, path.clamp(min=0), path >= 0)
+            g = min(CONTEXT_POOL, ids.shape[1])
+            spread, cref = heading_gate(c[:, :g], path[:, :g], valid[:, :g])
+            score = score + context_boost(c, path, valid, spread, cref, params.context_weight)
+            if params.heading_residual > 0:
+                score = score + heading_residual(c, self.hs[ids], path, valid, params.heading_residual)
+        if questions is not None and params.lexical_weight > 0:
+            index = self.lexical()
+            ptr, terms, best = index.query_terms(questions)
+            bm25 = lexical_scores(index.row_ptr, index.row_terms, index.row_weights, ptr, terms, index.vocab_size,
+                                  ids, valid)
+            score = score + lexical_boost(bm25, valid, best, spread.to(bm25.device), params.lexical_weight,
+                                          params.lexical_spread)
+        order = torch.sort(score, dim=1, descending=True, stable=True).indices
+        return ids.gather(1, order), score.gather(1, order)
+
+
+def fill_columns(cols: ChunkColumns, ids: torch.Tensor, scores: torch.Tensor, tier: PassageTier, budget: int,
+                 table: RowTable, doc_offsets: np.ndarray, row_tokens: np.ndarray) -> ChunkColumns:
+    """A block's chunks (cols), its queries' ranked passages ids/scores (Q, K) -> the same chunks with each query's
+    fill pieces (engine.passages.fill_budget) after its own, ranked on: seed_ids empty, score the passage's."""
+    q_of = cols.query
+    rows0 = doc_offsets[cols.doc] + cols.sentence_start
+    rows1 = doc_offsets[cols.doc] + cols.sentence_end
+    first = tier.first.cpu().numpy()
+    ids_l, scores_l = ids.cpu().tolist(), scores.cpu().tolist()
+    add_q, add_rank, add_r0, add_r1, add_tok, add_score = [], [], [], [], [], []
+    bounds = np.searchsorted(q_of, np.arange(cols.n_queries + 1))
+    for q in range(cols.n_queries):
+        a, b = int(bounds[q]), int(bounds[q + 1])
+        taken = list(zip(rows0[a:b].tolist(), rows1[a:b].tolist(), strict=True))
+        used = int(cols.n_tokens[a:b].sum())
+        for k, (r0, r1, tok, sc) in enumerate(fill_budget(taken, used, budget, ids_l[q], scores_l[q], first,
+                                                          tier.count, row_tokens)):
+            add_q.append(q)
+            add_rank.append(b - a + k)
+            add_r0.append(r0)
+            add_r1.append(r1)
+            add_tok.append(tok)
+            add_score.append(sc)
+    if not add_q:
+        return cols
+    r0, r1 = np.asarray(add_r0, np.int64), np.asarray(add_r1, np.int64)
+    doc = table.doc[r0].astype(np.int64)
+    c0, c1 = table.char_start[r0].astype(np.int64), table.char_end[r1].astype(np.int64)
+    texts = table.texts
+    extra = ChunkColumns(
+        n_queries=cols.n_queries, query=np.asarray(add_q, np.int64), rank=np.asarray(add_rank, np.int32), doc=doc,
+        char_start=c0, char_end=c1, score=np.asarray(add_score, np.float32), n_tokens=np.asarray(add_tok, np.int32),
+        sentence_start=table.sent[r0].astype(np.int32), sentence_end=table.sent[r1].astype(np.int32),
+        seed_offsets=np.zeros(len(add_q) + 1, np.int32), seed_ids=np.zeros(0, np.int32),
+        text=[texts[d][x:y] for d, x, y in zip(doc.tolist(), c0.tolist(), c1.tolist(), strict=True)])
+    return interleave(cols, extra)
+
+
+def interleave(cols: ChunkColumns, extra: ChunkColumns) -> ChunkColumns:
+    """Two ChunkColumns over the same queries -> one, in query order then rank (extra's ranks follow cols')."""
+    both = ChunkColumns.concat([cols, extra])  # concat shifts query ids by n_queries: undo for the second part
+    query = np.concatenate([cols.query, extra.query])
+    order = np.lexsort((np.concatenate([cols.rank, extra.rank]), query))
+    seeds = [both.seed_ids[both.seed_offsets[j]:both.seed_offsets[j + 1]] for j in order.tolist()]
+    counts = np.asarray([len(s) for s in seeds], np.int64)
+    offsets = np.zeros(len(order) + 1, np.int32)
+    np.cumsum(counts, out=offsets[1:])
+    return ChunkColumns(
+        n_queries=cols.n_queries, query=query[order], rank=both.rank[order], doc=both.doc[order],
+        char_start=both.char_start[order], char_end=both.char_end[order], score=both.score[order],
+        n_tokens=both.n_tokens[order], sentence_start=both.sentence_start[order],
+        sentence_end=both.sentence_end[order], seed_offsets=offsets,
+        seed_ids=np.concatenate(seeds).astype(np.int32) if seeds else np.zeros(0, np.int32),
+        text=[both.text[j] for j in order.tolist()])

@@ -1,0 +1,91 @@
+"""Passages: a store's second, coarser tier of embedded units, and the budget fill that uses them.
+
+A passage is a run of consecutive sentence rows of one paragraph, packed greedily up to `passage_tokens` model
+tokens (a longer sentence is a passage alone), embedded as one text at ingest (format 3 stores). QASC's own
+chunks are focused (a sentence, a run, a section); when a query asks for a token budget, the budget fill adds the
+best passages (cosine with the heading context and the gated lexical term, like the sentences) after them, cut
+where they overlap what is already returned, until the budget is spent. A passage's vector is the model's view of
+the whole run, which a mean of its sentences' vectors is not: on the development suite, at 400 tokens, QASC's
+answer then passages recovers more of the evidence than more sentence-level chunks do (bench/RESULTS.md,
+"The budget fill").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+DEFAULT_PASSAGE_TOKENS = 128  # passage size of a new store (ingest --passage-tokens; 0: no passages)
+
+
+class Passages(NamedTuple):
+    """The passages of a set of sentence rows (a shard, a store): first (P,) int64 first row, count (P,) int32
+    rows, n_tokens (P,) int32 the rows' summed tokens, emb (P, dim) float32 | float16 (may be (0, dim))."""
+
+    first: np.ndarray
+    count: np.ndarray
+    n_tokens: np.ndarray
+    emb: np.ndarray
+
+    @classmethod
+    def empty(cls, dim: int) -> Passages:
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32), np.zeros((0, dim), np.float32))
+
+
+def pack_passages(paragraph: np.ndarray, n_tokens: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """One document's sentences: paragraph (N,) ids, n_tokens (N,) -> first (P,) int64 and count (P,) int32 of its
+    passages: consecutive rows of one paragraph, a passage closing before a row that would take it past
+    max_tokens (a longer row stands alone). Every row lies in exactly one passage."""
+    first: list[int] = []
+    count: list[int] = []
+    start, used = 0, 0
+    for i in range(len(paragraph)):
+        tokens = int(n_tokens[i])
+        if i > start and (paragraph[i] != paragraph[i - 1] or used + tokens > max_tokens):
+            first.append(start)
+            count.append(i - start)
+            start, used = i, 0
+        used += tokens
+    if len(paragraph):
+        first.append(start)
+        count.append(len(paragraph) - start)
+    return np.asarray(first, np.int64), np.asarray(count, np.int32)
+
+
+def fill_budget(taken: Sequence[tuple[int, int]], used: int, budget: int, ranked: Sequence[int],
+                scores: Sequence[float], first: np.ndarray, count: np.ndarray, n_tokens: np.ndarray
+                ) -> list[tuple[int, int, int, float]]:
+    """One query: taken = its chunks' global rows (start, end inclusive), used = their tokens, budget, ranked
+    passage ids (best first) with their scores; per passage its first row and row count (one document's rows);
+    per row its tokens -> the pieces to add, in order: (start row, end row inclusive, tokens, score).
+
+    Each passage gives the runs of its rows that no earlier chunk or piece holds; a run that does not fit the
+    budget left is cut to the rows that fit (none: the fill stops there), as the budget cuts QASC's own chunks."""
+    covered: set[int] = set()
+    for a, b in taken:
+        covered.update(range(a, b + 1))
+    out: list[tuple[int, int, int, float]] = []
+    for p, score in zip(ranked, scores, strict=True):
+        if used >= budget:
+            break
+        a = int(first[p])
+        b = a + int(count[p]) - 1
+        row = a
+        while row <= b and used < budget:
+            if row in covered:
+                row += 1
+                continue
+            start, tokens = row, 0
+            while row <= b and row not in covered and used + tokens + int(n_tokens[row]) <= budget:
+                tokens += int(n_tokens[row])
+                row += 1
+            if row == start:  # the next row does not fit
+                return out
+            out.append((start, row - 1, tokens, float(score)))
+            covered.update(range(start, row))
+            used += tokens
+            if row <= b and row not in covered:  # cut by the budget
+                return out
+    return out
