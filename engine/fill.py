@@ -1,5 +1,7 @@
-"""The budget fill (engine.passages): rank a store's passages for a batch of queries and append the best to
-each query's chunks until its token budget is spent.
+"""The budget fill (engine.passages): rank a store's passages for a batch of queries, merge them by score with
+each query's best single candidate rows (scored as QASC seeds them; where the heading spread is below
+QascParams.fill_spread, always by default), and append the best units to each query's chunks until its token
+budget is spent.
 
 Ranking mirrors the sentences': the PASSAGE_POOL best passages by cosine (an exact scan in blocks of
 PASSAGE_BLOCK passages, memory bounded whatever the store's size), then, as for the rows, the query-gated
@@ -11,6 +13,7 @@ QascParams; ties keep the higher cosine first.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -24,6 +27,7 @@ from kernels.lexical import lexical_boost, lexical_scores
 from kernels.params import QascParams
 
 PASSAGE_POOL = 64  # passages re-ranked per query: the best by cosine
+ROW_UNITS = 64  # candidate rows that may join a query's fill units (the best by score)
 PASSAGE_BLOCK = 65536  # passages scored at once in the cosine scan
 CONTEXT_POOL = 32  # the heading gate's pool, as for the rows (engine.query.CONTEXT_POOL)
 
@@ -38,6 +42,7 @@ class PassageTier:
         self.device = device
         self.first = torch.as_tensor(np.asarray(passages.first, np.int64), device=device)
         self.count = np.asarray(passages.count, np.int64)
+        self.count_t = torch.as_tensor(self.count, device=device)
         self.emb = torch.as_tensor(np.asarray(passages.emb), device=device)
         self.texts = list(texts)
         self.path = torch.full((len(self.texts),), -1, dtype=torch.long, device=device)
@@ -102,23 +107,51 @@ class PassageTier:
         return ids.gather(1, order), score.gather(1, order)
 
 
-def fill_columns(cols: ChunkColumns, ids: torch.Tensor, scores: torch.Tensor, tier: PassageTier, budget: int,
-                 table: RowTable, doc_offsets: np.ndarray, row_tokens: np.ndarray) -> ChunkColumns:
-    """A block's chunks (cols), its queries' ranked passages ids/scores (Q, K) -> the same chunks with each query's
-    fill pieces (engine.passages.fill_budget) after its own, ranked on: seed_ids empty, score the passage's."""
+class FillUnits(NamedTuple):
+    """One query's budget-fill units, best first: first (n,) int64 global row, count (n,) int64 rows, score (n,)
+    float32 (passages, and candidate rows as units of one)."""
+
+    first: np.ndarray
+    count: np.ndarray
+    score: np.ndarray
+
+
+def merge_units(tier: PassageTier, ids: torch.Tensor, scores: torch.Tensor, rows: torch.Tensor, rows_on: torch.Tensor,
+                row_score: torch.Tensor) -> list[FillUnits]:
+    """ids/scores (Q, K) ranked passages, rows/rows_on/row_score (Q, L) candidate rows, whether each may be a unit
+    of its own and its score -> per query the passages and the ROW_UNITS best allowed rows in one list by score
+    (descending; on equal scores passages first, then in their own order)."""
+    q = ids.shape[0]
+    masked = torch.where(rows_on, row_score.float(), torch.full_like(row_score, float("-inf"), dtype=torch.float32))
+    r_score, r_pos = masked.topk(min(ROW_UNITS, masked.shape[1]), dim=1) if masked.shape[1] else (
+        masked[:, :0], rows[:, :0])
+    r_ok = r_score > float("-inf")
+    first = torch.cat([tier.first[ids], rows.gather(1, r_pos).long()], dim=1)
+    count = torch.cat([tier.count_t[ids], torch.ones_like(r_pos)], dim=1)
+    score = torch.cat([scores.float(), r_score], dim=1)
+    ok = torch.cat([torch.ones_like(ids, dtype=torch.bool), r_ok], dim=1)
+    order = torch.sort(torch.where(ok, score, torch.full_like(score, float("-inf"))), dim=1, descending=True,
+                       stable=True).indices
+    first, count, score, ok = (t.gather(1, order).cpu().numpy() for t in (first, count, score, ok))
+    return [FillUnits(first[i][ok[i]], count[i][ok[i]], score[i][ok[i]]) for i in range(q)]
+
+
+def fill_columns(cols: ChunkColumns, units: Sequence[FillUnits], budget: int, table: RowTable,
+                 doc_offsets: np.ndarray, row_tokens: np.ndarray) -> ChunkColumns:
+    """A block's chunks (cols) and its queries' fill units -> the same chunks with each query's fill pieces
+    (engine.passages.fill_budget) after its own, ranked on: seed_ids empty, score the unit's."""
     q_of = cols.query
     rows0 = doc_offsets[cols.doc] + cols.sentence_start
     rows1 = doc_offsets[cols.doc] + cols.sentence_end
-    first = tier.first.cpu().numpy()
-    ids_l, scores_l = ids.cpu().tolist(), scores.cpu().tolist()
     add_q, add_rank, add_r0, add_r1, add_tok, add_score = [], [], [], [], [], []
     bounds = np.searchsorted(q_of, np.arange(cols.n_queries + 1))
     for q in range(cols.n_queries):
         a, b = int(bounds[q]), int(bounds[q + 1])
         taken = list(zip(rows0[a:b].tolist(), rows1[a:b].tolist(), strict=True))
         used = int(cols.n_tokens[a:b].sum())
-        for k, (r0, r1, tok, sc) in enumerate(fill_budget(taken, used, budget, ids_l[q], scores_l[q], first,
-                                                          tier.count, row_tokens)):
+        u = units[q]
+        pieces = fill_budget(taken, used, budget, range(len(u.first)), u.score.tolist(), u.first, u.count, row_tokens)
+        for k, (r0, r1, tok, sc) in enumerate(pieces):
             add_q.append(q)
             add_rank.append(b - a + k)
             add_r0.append(r0)

@@ -30,7 +30,7 @@ from engine.assemble import ChunkColumns, RowTable, assemble_columns
 from engine.config import EngineConfig, RetrievalConfig
 from engine.embedder import Embedder, cpu_has_native_bf16
 from engine.errors import QascError
-from engine.fill import PassageTier, fill_columns
+from engine.fill import FillUnits, PassageTier, fill_columns, merge_units
 from engine.lexical import LexicalIndex
 from engine.threads import ThreadGovernor
 from engine.types import Chunk, Sentences, check_query_list
@@ -353,17 +353,18 @@ class Engine:
                 self._passages = PassageTier(passages, texts, self.device, self.heading_tensors())
         return self._passages
 
-    def fill(self, cols: ChunkColumns, query_emb: torch.Tensor, params: QascParams,
-             questions: Sequence[str] | None) -> ChunkColumns:
-        """A block's chunks -> the same with each query's budget filled by passages (engine.fill) when
-        params.budget_tokens is set, params.budget_fill is on and the store has passages; else cols unchanged."""
-        tier = self.passage_tier() if params.budget_tokens is not None and params.budget_fill else None
-        if tier is None or cols.n_queries == 0:
-            return cols
+    def fill_units(self, query_emb: torch.Tensor, params: QascParams, questions: Sequence[str] | None,
+                   rows: torch.Tensor, valid: torch.Tensor, row_score: torch.Tensor, spread: torch.Tensor
+                   ) -> list[FillUnits]:
+        """A block's queries (Q, dim), their candidate rows/valid (Q, L) with the scores QASC seeded on and the
+        heading gate's spread (Q,) -> per query, the units the budget fill draws on, best first
+        (`engine.fill.merge_units`): the store's passages, ranked (`PassageTier.rank`), and, where the spread is
+        below params.fill_spread, the single candidate rows too."""
+        tier = self.passage_tier()
         heading_emb = self.heading_tensors()[0] if self.uses_context(params) else None
         ids, scores = tier.rank(query_emb.to(device=self.device, dtype=torch.float32), params, questions, heading_emb)
-        return fill_columns(cols, ids, scores, tier, params.budget_tokens, self.row_table,
-                            np.asarray(self.store.doc_offsets, np.int64), self.row_tokens)
+        rows_on = valid if params.fill_spread is None else valid & (spread < params.fill_spread)[:, None]
+        return merge_units(tier, ids, scores, rows, rows_on, row_score)
 
     @cached_property
     def row_tokens(self) -> np.ndarray:
@@ -425,11 +426,14 @@ class Engine:
     def run_batch(
         self, query_emb: torch.Tensor, params: QascParams, retrieval: RetrievalConfig,
         pool: torch.Tensor | None = None, questions: Sequence[str] | None = None,
+        row_scores: list | None = None,
     ) -> tuple[QascBatch, CandidateRows]:
         """query_emb (Q, dim) -> the QASC result over each query's candidate rows (with the heading context
         when params.context_weight > 0 and the store has heading paths). pool: the search's hits (Q,
         `pool_width`) when done already (query_columns searches several slices at once). questions (Q): the
-        queries' texts, for the gated lexical term when params.lexical_weight > 0 (left out without them)."""
+        queries' texts, for the gated lexical term when params.lexical_weight > 0 (left out without them).
+        row_scores: a list that gets (scores (Q, L) float32, the candidates' similarities with every term QASC
+        seeds on, spread (Q,) the heading gate's) appended, for the budget fill."""
         depth = min(retrieval.depth, max(self.n_total, 1))
         context = self.uses_context(params)
         lexical = self.lexical_term(params, questions, query_emb.shape[0])
@@ -464,6 +468,8 @@ class Engine:
             sims, cand.valid, cand.region, self.paragraph[rows].long(), self.section[rows].long(),
             self.n_tokens[rows].long(), params, dots=dots, blocks=blocks, boost=boost,
         )
+        if row_scores is not None:
+            row_scores.append((sims if boost is None else sims + boost, spread))
         return batch, cand
 
     @cached_property
@@ -478,6 +484,7 @@ class Engine:
         retrieval: RetrievalConfig | None = None,
         slice_size: int = DEFAULT_SLICE_SIZE,
         questions: Sequence[str] | None = None,
+        fill_units: list | None = None,
     ) -> Iterator[tuple[int, ChunkColumns]]:
         """query_emb (Q, dim) -> per slice of `slice_size` queries, (its first query's index, its chunks as
         columns). Memory stays at one slice's kernels and results whatever Q is. On CPU the batch runs under
@@ -486,7 +493,10 @@ class Engine:
         (params.lexical_weight > 0); without them the term is left out (vectors alone carry no words).
 
         query_emb may be on any device and of any float dtype (a numpy array too): it is moved to the engine's
-        device as float32 first (queries are few: they keep full precision whatever the store's dtype)."""
+        device as float32 first (queries are few: they keep full precision whatever the store's dtype).
+
+        fill_units: a list that gets each query's budget-fill units (`fill_units`) appended, whether or not a
+        budget is set (the harness applies its budgets itself); stays empty where the fill has nothing to use."""
         check_settings(params, retrieval)
         params = params or self.config.qasc
         retrieval = retrieval or self.config.retrieval
@@ -514,13 +524,23 @@ class Engine:
                 parts = []
                 for a in range(lo, hi, step):  # kernels and assembly a bounded block of queries at a time
                     b = min(a + step, hi)
+                    texts = None if questions is None else questions[a:b]
+                    fill = self.passage_tier() is not None and params.budget_fill and (
+                        params.budget_tokens is not None or fill_units is not None)
+                    scores: list | None = [] if fill else None
                     batch, cand = self.run_batch(query_emb[a:b], params, retrieval,
-                                                 pool[a % block : a % block + b - a],
-                                                 None if questions is None else questions[a:b])
+                                                 pool[a % block : a % block + b - a], texts, scores)
                     rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
-                    parts.append(self.fill(assemble_columns(batch, rows, table), query_emb[a:b], params,
-                                           None if questions is None else questions[a:b]))
-                    del batch, cand, rows  # freed before the next block's kernels run
+                    cols = assemble_columns(batch, rows, table)
+                    if fill:
+                        units = self.fill_units(query_emb[a:b], params, texts, rows, cand.valid, *scores[0])
+                        if fill_units is not None:
+                            fill_units.extend(units)
+                        if params.budget_tokens is not None:
+                            cols = fill_columns(cols, units, params.budget_tokens, table,
+                                                np.asarray(self.store.doc_offsets, np.int64), self.row_tokens)
+                    parts.append(cols)
+                    del batch, cand, rows, scores  # freed before the next block's kernels run
                     governor.step()
                 yield lo, ChunkColumns.concat(parts)
         finally:
@@ -533,12 +553,13 @@ class Engine:
         retrieval: RetrievalConfig | None = None,
         slice_size: int = DEFAULT_SLICE_SIZE,
         questions: Sequence[str] | None = None,
+        fill_units: list | None = None,
     ) -> list[list[Chunk]]:
         """query_emb (Q, dim) -> per query, its chunks in rank order; runs in slices of `slice_size` (through
         `query_columns`, which moves query_emb to the engine's device as float32). questions (Q): the texts,
-        for the lexical term (left out without them)."""
+        for the lexical term (left out without them). fill_units: see `query_columns`."""
         out: list[list[Chunk]] = []
-        for _, cols in self.query_columns(query_emb, params, retrieval, slice_size, questions):
+        for _, cols in self.query_columns(query_emb, params, retrieval, slice_size, questions, fill_units):
             out.extend(cols.to_chunks(self.row_table.doc_ids))
         return out
 

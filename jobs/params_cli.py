@@ -59,6 +59,8 @@ QASC_HELP = {
     "budget_fill": "with --budget-tokens: the budget left after the chunks is filled with the store's best passages "
                    "(sentence runs embedded whole at ingest, --passage-tokens), cut where they overlap; "
                    "--no-budget-fill: the chunks alone (stores without passages: no effect)",
+    "fill_spread": "budget fill: single candidate sentences compete with the passages for queries whose heading "
+                   "spread is below this ('none': for every query; stores without heading paths have spread 0)",
 }
 UNSET = argparse.SUPPRESS  # flag not given: keep the store's value (None from a flag means 'none')
 RETRIEVAL_HELP = {
@@ -82,7 +84,7 @@ def _flag_type(name: str, default):
         return None
     if name in ("max_seeds", "top_k", "budget_tokens", "focus_gap"):
         return _optional(int)
-    if name in ("threshold", "margin", "factor", "score_margin", "far_margin", "lexical_spread"):
+    if name in ("threshold", "margin", "factor", "score_margin", "far_margin", "lexical_spread", "fill_spread"):
         return _optional(float)
     return type(default)
 

@@ -11,7 +11,8 @@ EXTENT_RULES = ("window", "pooled")
 BLOCK_RULES = ("none", "paragraph", "section", "both")
 MAX_EXTENT_LIMIT = 64  # pooled runs are scored for every length up to max_extent: (Q, L, max_extent) per batch
 FLOAT_FIELDS = ("percentile", "threshold", "margin", "extent_penalty", "decay", "factor", "score_margin",
-                "far_margin", "length_bonus", "context_weight", "heading_residual", "lexical_weight", "lexical_spread")
+                "far_margin", "length_bonus", "context_weight", "heading_residual", "lexical_weight", "lexical_spread",
+                "fill_spread")
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,10 @@ class QascParams:
     # they overlap what is already returned. The development suite's choice at 400 tokens (bench/RESULTS.md,
     # "The budget fill")
     budget_fill: bool = True
+    # budget fill: the candidate rows (single sentences, scored as QASC seeds them) compete with the passages where
+    # the query's heading spread is below this (headings absent or alike, as for the lexical term); None: always.
+    # None: sentence-level evidence (policyqa) needs the rows, and a spread gate shuts them out there (bench/RESULTS.md)
+    fill_spread: float | None = None
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be a finite number, got {getattr(self, name)}" for name in FLOAT_FIELDS
@@ -145,6 +150,8 @@ class QascParams:
             problems.append(f"lexical_weight must be in [0, 10], got {self.lexical_weight}")
         if self.lexical_spread is not None and self.lexical_spread < 0:
             problems.append(f"lexical_spread must be >= 0, got {self.lexical_spread}")
+        if self.fill_spread is not None and self.fill_spread < 0:
+            problems.append(f"fill_spread must be >= 0, got {self.fill_spread}")
         if self.score_margin is not None and self.score_margin < 0:
             problems.append(f"score_margin must be >= 0, got {self.score_margin}")
         if problems:

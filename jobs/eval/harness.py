@@ -269,14 +269,15 @@ def qasc_run(engine, query_emb, questions: Sequence[Question], grid: Sequence[Q.
     sels = Q.selectors(cfg.ks)
     t_engine = t_score = 0.0
     texts = [q.text for q in questions]
-    fill = Q.BudgetFill(engine, qemb, texts)  # the token budgets: the engine's budget fill after the chunks
+    fill = Q.BudgetFill(engine)  # the token budgets: the engine's budget fill after the chunks
     for i, s in enumerate(grid):
         t0 = time.perf_counter()
-        ranked = Q.run_setting(engine, qemb, s, texts)
+        units: list = []
+        ranked = Q.run_setting(engine, qemb, s, texts, units)
         t1 = time.perf_counter()
         add_candidates(run, s.key(), ranked, sels, questions, cutter)
         for b in cfg.budgets:
-            run.candidates[f"{s.key()}|budget={b}"] = score_hits(fill.hits(ranked, s.params, b, cutter), questions)
+            run.candidates[f"{s.key()}|budget={b}"] = score_hits(fill.hits(ranked, units, b, cutter), questions)
         run.settings[s.key()] = s
         t_engine += t1 - t0
         t_score += time.perf_counter() - t1

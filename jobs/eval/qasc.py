@@ -34,7 +34,8 @@ SHORT = {"percentile": "p", "radius": "m", "decay": "lam", "factor": "f", "gap":
          "extent": "extent", "max_extent": "runs", "extent_penalty": "pen", "max_picks": "picks",
          "focus_gap": "focus", "far_margin": "far", "block_extents": "blocks", "length_bonus": "lam",
          "context_weight": "ctx", "heading_residual": "hres", "boost_runs_once": "once",
-         "blocks_need_heading": "bhead", "lexical_weight": "lex", "lexical_spread": "lexsp", "budget_fill": "fill"}
+         "blocks_need_heading": "bhead", "lexical_weight": "lex", "lexical_spread": "lexsp", "budget_fill": "fill",
+         "fill_spread": "fillsp"}
 
 
 @dataclass(frozen=True)
@@ -246,42 +247,28 @@ def torch_threads(n: int):
         torch.set_num_threads(old)
 
 
-def run_setting(engine, query_emb, s: Setting, texts: Sequence[str] | None = None) -> list[list[Hit]]:
+def run_setting(engine, query_emb, s: Setting, texts: Sequence[str] | None = None,
+                fill_units: list | None = None) -> list[list[Hit]]:
     """One engine pass over every query (top_k/budget/margin unset): ranked chunks per query. texts: the
-    questions, for the lexical term (params.lexical_weight > 0; left out without them)."""
+    questions, for the lexical term (params.lexical_weight > 0; left out without them). fill_units: a list that
+    gets each query's budget-fill units (engines with passages)."""
+    extra = {"fill_units": fill_units} if fill_units is not None and hasattr(engine, "passage_tier") else {}
     with torch_threads(1):
-        return chunks_to_hits(engine.query_embedded(query_emb, s.params, s.retrieval, questions=texts))
+        return chunks_to_hits(engine.query_embedded(query_emb, s.params, s.retrieval, questions=texts, **extra))
 
 
 class BudgetFill:
     """The engine's budget fill (engine.fill) at the harness's token budgets: a setting's ranked chunks cut to the
-    budget as every method's are (`within_budget`), then the store's best passages for the query, ranked once per
-    distinct (context, lexical) weights, through the engine's own `PassageTier.rank` and `fill_budget`.
+    budget as every method's are (`within_budget`), then the engine's own fill units for that setting and query
+    (passages, and candidate rows where the heading spread allows; `Engine.query_embedded(fill_units=...)`)
+    through `engine.passages.fill_budget`. Without units (no passages, or params.budget_fill off): the cut chunks
+    alone."""
 
-    A store without passages (or params.budget_fill off) gets the cut chunks alone."""
-
-    def __init__(self, engine, query_emb, texts: Sequence[str]) -> None:
-        import torch
-
+    def __init__(self, engine) -> None:
         self.engine = engine
-        self.tier = engine.passage_tier() if hasattr(engine, "passage_tier") else None
-        self.query = torch.as_tensor(np.asarray(query_emb, dtype=np.float32))
-        self.texts = list(texts)
-        self._ranked: dict[tuple, tuple[list[list[int]], list[list[float]]]] = {}
-        if self.tier is not None:
-            store = engine.store
-            self.offsets = np.asarray(store.doc_offsets, np.int64)
-            self.doc_index = {d: i for i, d in enumerate(store.doc_ids)}
-
-    def ranked(self, params: QascParams) -> tuple[list[list[int]], list[list[float]]]:
-        key = (params.context_weight, params.heading_residual, params.lexical_weight, params.lexical_spread)
-        if key not in self._ranked:
-            e = self.engine
-            heading_emb = e.heading_tensors()[0] if e.uses_context(params) else None
-            with torch_threads(1):
-                ids, scores = self.tier.rank(self.query.to(e.device), params, self.texts, heading_emb)
-            self._ranked[key] = (ids.cpu().tolist(), scores.cpu().tolist())
-        return self._ranked[key]
+        store = getattr(engine, "store", None)
+        self.offsets = np.asarray(getattr(store, "doc_offsets", [0]), np.int64)
+        self.doc_index = {d: i for i, d in enumerate(getattr(store, "doc_ids", []))}
 
     def rows(self, hit: Hit) -> tuple[int, int]:
         """A sentence-aligned hit -> its global rows (first, last inclusive)."""
@@ -292,18 +279,17 @@ class BudgetFill:
         r1 = lo + int(np.searchsorted(starts, hit[2] - 1, side="right")) - 1
         return max(r0, lo), max(r1, lo)
 
-    def hits(self, ranked: Sequence[Sequence[Hit]], params: QascParams, budget: int,
+    def hits(self, ranked: Sequence[Sequence[Hit]], units: Sequence, budget: int,
              cutter: TokenCutter | None) -> list[list[Hit]]:
         base = [within_budget(h, budget, cutter) for h in ranked]
-        if self.tier is None or not params.budget_fill:
+        if not units:
             return base
-        ids, scores = self.ranked(params)
-        table, first = self.engine.row_table, self.tier.first.cpu().numpy()
+        table = self.engine.row_table
         out = []
         for q, hits in enumerate(base):
-            taken = [self.rows(h) for h in hits]
-            pieces = fill_budget(taken, sum(h[3] for h in hits), budget, ids[q], scores[q], first, self.tier.count,
-                                 self.engine.row_tokens)
+            u = units[q]
+            pieces = fill_budget([self.rows(h) for h in hits], sum(h[3] for h in hits), budget, range(len(u.first)),
+                                 u.score.tolist(), u.first, u.count, self.engine.row_tokens)
             out.append(list(hits) + [(table.doc_ids[int(table.doc[a])], int(table.char_start[a]),
                                       int(table.char_end[b]), tok, sc, b - a + 1) for a, b, tok, sc in pieces])
         return out

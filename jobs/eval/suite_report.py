@@ -77,6 +77,10 @@ def render(results: dict) -> str:
     if rec:
         L.append(f"## Recall at {400} tokens per held-out set (choices made on recall)")
         L.append("")
+        L.append("Every method's ranked chunks while within the budget, the overflowing one cut at it; QASC's then the "
+                 "engine's budget fill (passages and single sentences by score, on stores with passages: "
+                 "`--budget-tokens`, `--budget-fill`).")
+        L.append("")
         L.append("| method | " + " | ".join(sets) + " |")
         L.append("|---|" + "---|" * len(sets))
         for n in sorted(rec, key=lambda n: (n != "qasc", -sum(rec[n].values()))):

@@ -197,3 +197,45 @@ def test_blocked_cosine_scan_equals_the_dense_top_k(n_q, n_p, k, block, seed):
     tied = (cos[:, 1:] == cos[:, :-1]) & (cos[:, 1:] > cos[:, -1:])  # ties inside the top k: in id order
     assert bool((ids[:, 1:] > ids[:, :-1])[tied].all())
     assert ids.shape == (n_q, min(k, n_p)) and all(len(set(r)) == len(r) for r in ids.tolist())
+
+
+def test_the_harness_budget_view_is_the_engines_fill(cat_store):
+    """qasc eval scores QASC's token budgets by composing a neutral pass with the engine's fill units; without
+    a token cutter (an overflowing chunk dropped, as the engine's budget rule does) that is the engine's answer
+    (for budgets of at least max_tokens: a smaller budget also caps the engine's chunks)."""
+    from jobs.eval import qasc as Q
+    from jobs.eval.qasc import BudgetFill, chunks_to_hits
+
+    engine = Engine.open(str(cat_store))
+    questions = ["How do cats communicate?", "What do dogs do for farmers?", "Which animals sleep a lot?"]
+    emb = engine.embed_queries(questions)
+    for params in (QascParams(), QascParams(fill_spread=None), QascParams(fill_spread=0.0, lexical_weight=0.0)):
+        neutral = params.replace(**Q.NEUTRAL, max_tokens=20)
+        units: list = []
+        ranked = chunks_to_hits(engine.query_embedded(emb, neutral, questions=questions, fill_units=units))
+        assert len(units) == len(questions)
+        for budget in (20, 40, 90):
+            budgeted = neutral.replace(budget_tokens=budget)
+            want = chunks_to_hits(engine.query_embedded(emb, budgeted, questions=questions))
+            assert BudgetFill(engine).hits(ranked, units, budget, None) == want
+
+
+def test_fill_units_take_rows_only_below_the_spread_gate(cat_store):
+    import torch
+
+    from engine.fill import merge_units
+
+    engine = Engine.open(str(cat_store))
+    tier = engine.passage_tier()
+    q = engine.embed_queries(["How do cats communicate?", "Dogs?"])
+    ids, scores = tier.rank(q, QascParams(), None, None)
+    rows = torch.tensor([[0, 1, 2], [3, 4, 0]])
+    valid = torch.tensor([[True, True, False], [True, True, True]])
+    row_score = torch.tensor([[9.0, 0.0, 5.0], [9.0, 8.0, 7.0]])
+    spread = torch.tensor([0.05, 0.5])
+    on = valid & (spread < 0.1)[:, None]
+    units = merge_units(tier, ids, scores, rows, on, row_score)
+    assert units[0].first[0] == 0 and units[0].count[0] == 1 and units[0].score[0] == 9.0  # the best, a row
+    assert 5.0 not in units[0].score.tolist() and 0.0 in units[0].score.tolist()  # row 2 is invalid, row 1 is not
+    assert len(units[1].first) == len(tier)  # gate closed: passages only
+    assert all(bool((np.diff(u.score) <= 0).all()) for u in units)
