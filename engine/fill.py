@@ -1,5 +1,5 @@
 """The budget fill (engine.passages): rank a store's passages for a batch of queries, merge them by score with
-each query's best single candidate rows (scored as QASC seeds them; where the heading spread is below
+each query's best single rows (the pre-retrieval ranking's, Engine.fill_rows; where the heading spread is below
 QascParams.fill_spread, always by default), and append the best units to each query's chunks until its token
 budget is spent.
 

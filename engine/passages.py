@@ -4,10 +4,10 @@ A passage is a run of consecutive sentence rows of one paragraph, packed greedil
 tokens (a longer sentence is a passage alone), embedded as one text at ingest (format 3 stores). QASC's own
 chunks are focused (a sentence, a run, a section); when a query asks for a token budget, the budget fill adds the
 best units after them (passages, scored by cosine with the heading context and the gated lexical term like the
-sentences, and the query's best single candidate sentences; engine.fill), cut where they overlap what is already
-returned, until the budget is spent. A passage's vector is the model's view of
-the whole run, which a mean of its sentences' vectors is not: on the development suite, at 400 tokens, QASC's
-answer then these units recovers more of the evidence than more sentence-level chunks do (bench/RESULTS.md,
+sentences, and the best single sentences of the query's pre-retrieval ranking; engine.fill), cut where they
+overlap what is already returned, until the budget is spent. A passage's vector is the model's view of the whole
+run, which a mean of its sentences' vectors is not: on the development suite, at 400 tokens, QASC's answer then
+these units recovers more of the evidence than more sentence-level chunks do (bench/RESULTS.md,
 "The budget fill").
 """
 

@@ -56,6 +56,7 @@ KERNEL_SLICE_QUERIES_CPU = 1024
 SEARCH_BLOCK_QUERIES = 8192  # queries per search: whole slices (the ivf scan does 1.5x the queries/s at 10k as at 2k)
 GOVERNED_MIN_QUERIES = 256  # smaller batches skip the thread governor (its start check sleeps ~1 ms)
 CONTEXT_POOL = 32  # heading context: the gate's pool, the top rows by raw cosine
+FILL_ROWS = 16  # budget fill: the single rows that compete with the passages (the pre-retrieval's best)
 CONTEXT_PATHS = 8  # pre-retrieval: the rows of this many best-matching heading paths join the rerank
 HEADING_SHORTLIST_MIN_PATHS = 4096  # below this many heading paths the float32 product is cheap: no shortlist
 CONTEXT_PATH_ROWS = 512  # ... at most this many rows of each (its first, in store order)
@@ -353,18 +354,44 @@ class Engine:
                 self._passages = PassageTier(passages, texts, self.device, self.heading_tensors())
         return self._passages
 
+    def fill_rows(self, query_emb: torch.Tensor, params: QascParams, pool: torch.Tensor | None,
+                  questions: Sequence[str] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A block's queries (Q, dim) -> the budget fill's single-sentence units, the same whatever the setting's
+        depth and neighbourhood: rows (Q, FILL_ROWS) int64 (-1: none), their scores (Q, FILL_ROWS) float32 (the
+        pre-retrieval ranking's: cosine + heading context + residual + gated lexical term) and the gate's spread
+        (Q,). pool: the block's search hits when they are at least FILL_ROWS wide."""
+        k = min(FILL_ROWS, self.n_total)
+        lexical = self.lexical_term(params, questions, query_emb.shape[0])
+        if self.uses_context(params):
+            scores: list = []
+            use = pool if pool is not None and pool.shape[1] >= max(k, min(CONTEXT_POOL, self.n_total)) else None
+            rows, spread, _ = self.context_hits(query_emb, k, params.context_weight, use, params.heading_residual,
+                                                lexical, scores)
+            return rows, scores[0], spread
+        rows = pool[:, :k] if pool is not None and pool.shape[1] >= k else self.search(query_emb, k)
+        valid = rows >= 0
+        safe = rows.clamp(min=0)
+        spread = torch.zeros(query_emb.shape[0], device=self.device)
+        score = self.candidate_sims(query_emb.to(device=self.device, dtype=torch.float32), safe, valid)
+        if lexical is not None:
+            score = score + self.lexical_boost(lexical, safe, valid, spread)
+        score = torch.where(valid, score, torch.full_like(score, float("-inf")))
+        order = score.sort(dim=1, descending=True, stable=True).indices
+        return rows.gather(1, order), score.gather(1, order), spread
+
     def fill_units(self, query_emb: torch.Tensor, params: QascParams, questions: Sequence[str] | None,
-                   rows: torch.Tensor, valid: torch.Tensor, row_score: torch.Tensor, spread: torch.Tensor
-                   ) -> list[FillUnits]:
-        """A block's queries (Q, dim), their candidate rows/valid (Q, L) with the scores QASC seeded on and the
-        heading gate's spread (Q,) -> per query, the units the budget fill draws on, best first
-        (`engine.fill.merge_units`): the store's passages, ranked (`PassageTier.rank`), and, where the spread is
-        below params.fill_spread, the single candidate rows too."""
+                   pool: torch.Tensor | None = None) -> list[FillUnits]:
+        """A block's queries (Q, dim) -> per query, the units the budget fill draws on, best first
+        (`engine.fill.merge_units`): the store's passages, ranked (`PassageTier.rank`), and, where the heading
+        spread is below params.fill_spread (always by default), the FILL_ROWS best single rows (`fill_rows`)."""
         tier = self.passage_tier()
         heading_emb = self.heading_tensors()[0] if self.uses_context(params) else None
-        ids, scores = tier.rank(query_emb.to(device=self.device, dtype=torch.float32), params, questions, heading_emb)
+        query = query_emb.to(device=self.device, dtype=torch.float32)
+        ids, scores = tier.rank(query, params, questions, heading_emb)
+        rows, row_score, spread = self.fill_rows(query, params, pool, questions)
+        valid = rows >= 0
         rows_on = valid if params.fill_spread is None else valid & (spread < params.fill_spread)[:, None]
-        return merge_units(tier, ids, scores, rows, rows_on, row_score)
+        return merge_units(tier, ids, scores, rows.clamp(min=0), rows_on, row_score)
 
     @cached_property
     def row_tokens(self) -> np.ndarray:
@@ -381,14 +408,15 @@ class Engine:
 
     def context_hits(
         self, query_emb: torch.Tensor, depth: int, weight: float, pool: torch.Tensor | None = None,
-        residual: float = 0.0, lexical: LexicalTerm | None = None,
+        residual: float = 0.0, lexical: LexicalTerm | None = None, scores_out: list | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """query_emb (Q, dim), depth, weight w > 0 -> hits (Q, depth) int64 (-1 where missing), spread (Q,),
         cref (Q,) float32: one search of max(depth, CONTEXT_POOL) rows; the gate over its first CONTEXT_POOL;
         the hits are the best `depth` rows by cosine + boost among those rows and the first CONTEXT_PATH_ROWS
         rows of each of the CONTEXT_PATHS paths most similar to the query (ties: lower row first). pool: that
         search's result when already done (`pool_width` rows per query). residual: beta of the heading residual
-        taken off the rows' cosines (0: none). lexical: the batch's gated lexical term (`lexical_term`), added too."""
+        taken off the rows' cosines (0: none). lexical: the batch's gated lexical term (`lexical_term`), added too.
+        scores_out: a list that gets the hits' scores (Q, depth) float32 appended (-inf where a hit is missing)."""
         _, row_heading, path_start, path_count, path_rows = self.heading_tensors()
         query = query_emb.to(device=self.device, dtype=torch.float32)
         q, n = query.shape[0], self.n_total
@@ -419,21 +447,23 @@ class Engine:
         score = torch.where(valid, score, torch.full_like(score, float("-inf")))
         order = score.sort(dim=1, descending=True, stable=True).indices[:, :depth]
         hits = torch.where(valid.gather(1, order), rows.gather(1, order), torch.full_like(order, -1))
+        if scores_out is not None:
+            scores_out.append(score.gather(1, order))
         if hits.shape[1] < depth:
             hits = torch.cat([hits, hits.new_full((q, depth - hits.shape[1]), -1)], dim=1)
+            if scores_out is not None:
+                scores_out[-1] = torch.cat([scores_out[-1], scores_out[-1].new_full((q, depth - order.shape[1]),
+                                                                                     float("-inf"))], dim=1)
         return hits, spread, cref
 
     def run_batch(
         self, query_emb: torch.Tensor, params: QascParams, retrieval: RetrievalConfig,
         pool: torch.Tensor | None = None, questions: Sequence[str] | None = None,
-        row_scores: list | None = None,
     ) -> tuple[QascBatch, CandidateRows]:
         """query_emb (Q, dim) -> the QASC result over each query's candidate rows (with the heading context
         when params.context_weight > 0 and the store has heading paths). pool: the search's hits (Q,
         `pool_width`) when done already (query_columns searches several slices at once). questions (Q): the
-        queries' texts, for the gated lexical term when params.lexical_weight > 0 (left out without them).
-        row_scores: a list that gets (scores (Q, L) float32, the candidates' similarities with every term QASC
-        seeds on, spread (Q,) the heading gate's) appended, for the budget fill."""
+        queries' texts, for the gated lexical term when params.lexical_weight > 0 (left out without them)."""
         depth = min(retrieval.depth, max(self.n_total, 1))
         context = self.uses_context(params)
         lexical = self.lexical_term(params, questions, query_emb.shape[0])
@@ -468,8 +498,6 @@ class Engine:
             sims, cand.valid, cand.region, self.paragraph[rows].long(), self.section[rows].long(),
             self.n_tokens[rows].long(), params, dots=dots, blocks=blocks, boost=boost,
         )
-        if row_scores is not None:
-            row_scores.append((sims if boost is None else sims + boost, spread))
         return batch, cand
 
     @cached_property
@@ -527,20 +555,19 @@ class Engine:
                     texts = None if questions is None else questions[a:b]
                     fill = self.passage_tier() is not None and params.budget_fill and (
                         params.budget_tokens is not None or fill_units is not None)
-                    scores: list | None = [] if fill else None
                     batch, cand = self.run_batch(query_emb[a:b], params, retrieval,
-                                                 pool[a % block : a % block + b - a], texts, scores)
+                                                 pool[a % block : a % block + b - a], texts)
                     rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
                     cols = assemble_columns(batch, rows, table)
                     if fill:
-                        units = self.fill_units(query_emb[a:b], params, texts, rows, cand.valid, *scores[0])
+                        units = self.fill_units(query_emb[a:b], params, texts, pool[a % block : a % block + b - a])
                         if fill_units is not None:
                             fill_units.extend(units)
                         if params.budget_tokens is not None:
                             cols = fill_columns(cols, units, params.budget_tokens, table,
                                                 np.asarray(self.store.doc_offsets, np.int64), self.row_tokens)
                     parts.append(cols)
-                    del batch, cand, rows, scores  # freed before the next block's kernels run
+                    del batch, cand, rows  # freed before the next block's kernels run
                     governor.step()
                 yield lo, ChunkColumns.concat(parts)
         finally:

@@ -90,8 +90,8 @@ class QascParams:
     # they overlap what is already returned. The development suite's choice at 400 tokens (bench/RESULTS.md,
     # "The budget fill")
     budget_fill: bool = True
-    # budget fill: the candidate rows (single sentences, scored as QASC seeds them) compete with the passages where
-    # the query's heading spread is below this (headings absent or alike, as for the lexical term); None: always.
+    # budget fill: single rows (the pre-retrieval ranking's best, engine.query.FILL_ROWS) compete with the passages
+    # where the query's heading spread is below this (headings absent or alike, as for the lexical term); None: always.
     # None: sentence-level evidence (policyqa) needs the rows, and a spread gate shuts them out there (bench/RESULTS.md)
     fill_spread: float | None = None
 
