@@ -4,7 +4,7 @@ QascParams.fill_spread, always by default), and append the best units to each qu
 budget is spent.
 
 Ranking mirrors the sentences': the PASSAGE_POOL best passages by cosine (an exact scan in blocks of
-PASSAGE_BLOCK passages, memory bounded whatever the store's size), then, as for the rows, the query-gated
+PASSAGE_BLOCK_ELEMENTS scores, memory bounded whatever the store's size), then, as for the rows, the query-gated
 heading context (the gate over the first CONTEXT_POOL of them, a passage's heading path the one in force at its
 first row), the heading residual and the gated lexical term (BM25 over the passages' texts), all with the query's
 QascParams; ties keep the higher cosine first.
@@ -21,14 +21,14 @@ import torch
 from engine.assemble import ChunkColumns, RowTable
 from engine.lexical import LexicalIndex
 from engine.passages import Passages, fill_budget
+from engine.store.index import exact_topk
 from kernels.context import context_boost, heading_gate, heading_residual
 from kernels.gather import gathered_dots
 from kernels.lexical import lexical_boost, lexical_scores
 from kernels.params import QascParams
 
 PASSAGE_POOL = 64  # passages re-ranked per query: the best by cosine
-ROW_UNITS = 64  # candidate rows that may join a query's fill units (the best by score)
-PASSAGE_BLOCK = 65536  # passages scored at once in the cosine scan
+PASSAGE_BLOCK_ELEMENTS = 1 << 24  # cosine scan: about this many scores held at once
 CONTEXT_POOL = 32  # the heading gate's pool, as for the rows (engine.query.CONTEXT_POOL)
 
 
@@ -63,21 +63,9 @@ class PassageTier:
         return self._lexical
 
     def top_cosine(self, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """query (Q, dim) float32 -> cos (Q, k) float32 descending and ids (Q, k) int64: the k best passages, equal
-        scores in id order (which of several passages tied at the k-th score are kept is unspecified)."""
-        best_s = best_i = None
-        for lo in range(0, len(self), PASSAGE_BLOCK):
-            block = self.emb[lo : lo + PASSAGE_BLOCK].float()
-            s = query @ block.T
-            v, i = s.topk(min(k, s.shape[1]), dim=1)
-            i = i + lo
-            if best_s is not None:
-                v, i = torch.cat([best_s, v], 1), torch.cat([best_i, i], 1)
-            by_id = torch.sort(i, dim=1, stable=True).indices  # then by score, stable: ties in id order
-            v, i = v.gather(1, by_id), i.gather(1, by_id)
-            order = torch.sort(v, dim=1, descending=True, stable=True).indices[:, :k]
-            best_s, best_i = v.gather(1, order), i.gather(1, order)
-        return best_s, best_i
+        """query (Q, dim) float32, k <= P -> cos (Q, k) float32 descending and ids (Q, k) int64: the k best passages
+        (`engine.store.index.exact_topk`: blocked, equal scores lower id first)."""
+        return exact_topk(self.emb, query, k, PASSAGE_BLOCK_ELEMENTS)
 
     def rank(self, query: torch.Tensor, params: QascParams, questions: Sequence[str] | None,
              heading_emb: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,17 +107,13 @@ class FillUnits(NamedTuple):
 def merge_units(tier: PassageTier, ids: torch.Tensor, scores: torch.Tensor, rows: torch.Tensor, rows_on: torch.Tensor,
                 row_score: torch.Tensor) -> list[FillUnits]:
     """ids/scores (Q, K) ranked passages, rows/rows_on/row_score (Q, L) candidate rows, whether each may be a unit
-    of its own and its score -> per query the passages and the ROW_UNITS best allowed rows in one list by score
-    (descending; on equal scores passages first, then in their own order)."""
+    of its own and its score -> per query the passages and the allowed rows in one list by score (descending; on
+    equal scores passages first, then in their own order)."""
     q = ids.shape[0]
-    masked = torch.where(rows_on, row_score.float(), torch.full_like(row_score, float("-inf"), dtype=torch.float32))
-    r_score, r_pos = masked.topk(min(ROW_UNITS, masked.shape[1]), dim=1) if masked.shape[1] else (
-        masked[:, :0], rows[:, :0])
-    r_ok = r_score > float("-inf")
-    first = torch.cat([tier.first[ids], rows.gather(1, r_pos).long()], dim=1)
-    count = torch.cat([tier.count_t[ids], torch.ones_like(r_pos)], dim=1)
-    score = torch.cat([scores.float(), r_score], dim=1)
-    ok = torch.cat([torch.ones_like(ids, dtype=torch.bool), r_ok], dim=1)
+    first = torch.cat([tier.first[ids], rows.long()], dim=1)
+    count = torch.cat([tier.count_t[ids], torch.ones_like(rows, dtype=torch.long)], dim=1)
+    score = torch.cat([scores.float(), row_score.float()], dim=1)
+    ok = torch.cat([torch.ones_like(ids, dtype=torch.bool), rows_on], dim=1)
     order = torch.sort(torch.where(ok, score, torch.full_like(score, float("-inf"))), dim=1, descending=True,
                        stable=True).indices
     first, count, score, ok = (t.gather(1, order).cpu().numpy() for t in (first, count, score, ok))

@@ -184,12 +184,12 @@ def test_blocked_cosine_scan_equals_the_dense_top_k(n_q, n_p, k, block, seed):
     query = torch.randn(n_q, 8, generator=g)
     tier = fill.PassageTier(Passages(np.arange(n_p), np.ones(n_p, np.int32), np.ones(n_p, np.int32), emb.numpy()),
                             ["x"] * n_p, torch.device("cpu"), None)
-    old = fill.PASSAGE_BLOCK
-    fill.PASSAGE_BLOCK = block
+    old = fill.PASSAGE_BLOCK_ELEMENTS
+    fill.PASSAGE_BLOCK_ELEMENTS = block
     try:
         cos, ids = tier.top_cosine(query, min(k, n_p))
     finally:
-        fill.PASSAGE_BLOCK = old
+        fill.PASSAGE_BLOCK_ELEMENTS = old
     dense = query @ emb.T
     order = torch.sort(dense, dim=1, descending=True, stable=True).indices[:, : min(k, n_p)]
     assert torch.allclose(cos, dense.gather(1, order), atol=1e-6)
