@@ -191,8 +191,10 @@ def decay_window_scores(
 
     score[r] = sum_i a_i s_i / sum_i a_i over valid i in [start_r, end_r], a_i = exp(-decay |i - r|), evaluated
     as the contract asks: s_r + sum over d = 1, 2, ... of [a_d (s_{r-d} - s_r) + a_d (s_{r+d} - s_r)] / sum_i a_i,
-    so that constant and mirrored windows tie exactly. A window without any valid sentence (outside the
-    contract: the seed itself is valid and inside) scores s_r.
+    so that constant and mirrored windows tie exactly; a_d = math.exp(-decay * d) and the pairs are added in
+    increasing d, the order the contract fixes (other windows tie in exact arithmetic too, and the same order
+    gives them the same floats). A window without any valid sentence (outside the contract: the seed itself is
+    valid and inside) scores s_r.
     """
     q, length = sims.shape
     out: list[list[float]] = []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -66,7 +68,11 @@ def decay_window_scores(
     -inf where r is not a seed. Evaluated as s_r + sum_d [a_d (s_{r-d} - s_r) + a_d (s_{r+d} - s_r)] / sum_i a_i,
     the two sentences at each distance d added first: a window of equally similar sentences scores exactly
     s_r and a mirrored window scores exactly the same, so windows that tie in exact arithmetic tie in floating
-    point too (and the tie is broken by position downstream, not by rounding noise).
+    point too (and the tie is broken by position downstream, not by rounding noise). The order of every
+    operation is part of the contract (weights a_d = math.exp(-decay * d), the pair terms accumulated in
+    increasing d): other windows can tie in exact arithmetic too (geometric weights make
+    (a + 2a^2 + a^3) / (1 + 2a + 2a^2 + a^3) == (a + a^2) / (1 + a + a^2)), and a fixed order gives any
+    implementation of the contract the same floats, hence the same ranking.
     """
     q, length = sims.shape
     if length == 0:
@@ -76,7 +82,9 @@ def decay_window_scores(
     radius = int(reach.clamp(min=0).max().item()) if seeds.any() else 0
     radius = min(radius, length)
     offsets = torch.arange(-radius, radius + 1, device=sims.device)
-    weights = torch.exp(-decay * offsets.abs().to(sims.dtype))  # (2R+1,)
+    # (2R+1,): Python's exp, as the contract fixes it (torch.exp may differ from it in the last bit)
+    weights = torch.tensor([math.exp(-decay * abs(d)) for d in range(-radius, radius + 1)], dtype=sims.dtype,
+                           device=sims.device)
     near_sims = _neighbours(torch.where(valid, sims, torch.zeros_like(sims)), radius, 0.0)
     near_valid = _neighbours(valid, radius, False)
     pos = idx[..., None] + offsets  # (Q, L, 2R+1)
@@ -84,9 +92,14 @@ def decay_window_scores(
     w = torch.where(inside, weights.expand_as(near_sims), torch.zeros_like(near_sims))
     centre = torch.where(valid, sims, torch.zeros_like(sims))  # s_r
     terms = w * (near_sims - centre[..., None])  # a_i (s_i - s_r), 0 outside the window
-    # pair the neighbours at distance d (offsets -d and +d) before summing over d: symmetric in left/right
-    num = terms[..., radius] + (terms[..., :radius].flip(-1) + terms[..., radius + 1 :]).sum(-1)
-    den = w[..., radius] + (w[..., :radius].flip(-1) + w[..., radius + 1 :]).sum(-1)
+    # pair the neighbours at distance d (offsets -d and +d) before summing over d: symmetric in left/right;
+    # the pairs are accumulated in increasing d, one (Q, L) add each (a reduction's order is not fixed)
+    num_pairs = terms[..., :radius].flip(-1) + terms[..., radius + 1 :]  # (Q, L, R): [..., d - 1] = distance d
+    den_pairs = w[..., :radius].flip(-1) + w[..., radius + 1 :]
+    num, den = terms[..., radius], w[..., radius]
+    for d in range(radius):
+        num = num + num_pairs[..., d]
+        den = den + den_pairs[..., d]
     scores = centre + num / den.clamp(min=torch.finfo(sims.dtype).tiny)
     return torch.where(seeds, scores, torch.full_like(scores, float("-inf")))
 

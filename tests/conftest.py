@@ -6,12 +6,19 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from jobs.env import set_env_defaults
 
 set_env_defaults()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests use the bundled model only
 os.environ.setdefault("RAY_TQDM_PATCH_PRINT", "0")
+
+# CI replays the same property-test examples on every run (a red CI then means a changed behaviour, not an unlucky
+# draw); sessions without CI=true search new examples each run
+settings.register_profile("ci", derandomize=True)
+if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+    settings.load_profile("ci")
 
 REPO = Path(__file__).resolve().parents[1]
 DEMO_CORPUS = REPO / "engine" / "data" / "demo"
