@@ -56,23 +56,36 @@ def pack_passages(paragraph: np.ndarray, n_tokens: np.ndarray, max_tokens: int) 
 
 
 def fill_budget(taken: Sequence[tuple[int, int]], used: int, budget: int, ranked: Sequence[int],
-                scores: Sequence[float], first: np.ndarray, count: np.ndarray, n_tokens: np.ndarray
-                ) -> list[tuple[int, int, int, float]]:
+                scores: Sequence[float], first: np.ndarray, count: np.ndarray, n_tokens: np.ndarray,
+                groups: np.ndarray | None = None, diversity: float = 0.0) -> list[tuple[int, int, int, float]]:
     """One query: taken = its chunks' global rows (start, end inclusive), used = their tokens, budget, ranked
     passage ids (best first) with their scores; per passage its first row and row count (one document's rows);
     per row its tokens -> the pieces to add, in order: (start row, end row inclusive, tokens, score).
 
-    Each passage gives the runs of its rows that no earlier chunk or piece holds; a run that does not fit the
-    budget left is cut to the rows that fit (none: the fill stops there), as the budget cuts QASC's own chunks."""
+    Units are taken best first; with `groups` (N,) (a group id per row: its section) and `diversity` d > 0, a unit
+    whose first row's group already holds a returned chunk or an earlier unit counts d less when the next unit is
+    chosen (ties: rank order), so the budget reaches other sections before it repeats one. Each unit gives the runs
+    of its rows that no earlier chunk or piece holds; a run that does not fit the budget left is cut to the rows
+    that fit, as the budget cuts QASC's own chunks, and the fill goes on with the next units (a shorter one may
+    still fit) until the budget is spent or the units run out."""
     covered: set[int] = set()
+    seen: set[int] = set()
     for a, b in taken:
         covered.update(range(a, b + 1))
+        if groups is not None:
+            seen.add(int(groups[a]))
+    left = [(int(p), float(s)) for p, s in zip(ranked, scores, strict=True)]
     out: list[tuple[int, int, int, float]] = []
-    for p, score in zip(ranked, scores, strict=True):
-        if used >= budget:
-            break
+    while left and used < budget:
+        pick = 0
+        if groups is not None and diversity > 0:
+            value = [s - (diversity if int(groups[int(first[p])]) in seen else 0.0) for p, s in left]
+            pick = max(range(len(left)), key=lambda k: (value[k], -k))
+        p, score = left.pop(pick)
         a = int(first[p])
         b = a + int(count[p]) - 1
+        if groups is not None:
+            seen.add(int(groups[a]))
         row = a
         while row <= b and used < budget:
             if row in covered:
@@ -82,11 +95,11 @@ def fill_budget(taken: Sequence[tuple[int, int]], used: int, budget: int, ranked
             while row <= b and row not in covered and used + tokens + int(n_tokens[row]) <= budget:
                 tokens += int(n_tokens[row])
                 row += 1
-            if row == start:  # the next row does not fit
-                return out
-            out.append((start, row - 1, tokens, float(score)))
+            if row == start:  # the next row does not fit: this unit gives no more
+                break
+            out.append((start, row - 1, tokens, score))
             covered.update(range(start, row))
             used += tokens
             if row <= b and row not in covered:  # cut by the budget
-                return out
+                break
     return out

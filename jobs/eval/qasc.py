@@ -35,7 +35,7 @@ SHORT = {"percentile": "p", "radius": "m", "decay": "lam", "factor": "f", "gap":
          "focus_gap": "focus", "far_margin": "far", "block_extents": "blocks", "length_bonus": "lam",
          "context_weight": "ctx", "heading_residual": "hres", "boost_runs_once": "once",
          "blocks_need_heading": "bhead", "lexical_weight": "lex", "lexical_spread": "lexsp", "budget_fill": "fill",
-         "fill_spread": "fillsp"}
+         "fill_spread": "fillsp", "fill_diversity": "filldiv"}
 
 
 @dataclass(frozen=True)
@@ -280,7 +280,7 @@ class BudgetFill:
         return max(r0, lo), max(r1, lo)
 
     def hits(self, ranked: Sequence[Sequence[Hit]], units: Sequence, budget: int,
-             cutter: TokenCutter | None) -> list[list[Hit]]:
+             cutter: TokenCutter | None, diversity: float = 0.0) -> list[list[Hit]]:
         base = [within_budget(h, budget, cutter) for h in ranked]
         if not units:
             return base
@@ -289,7 +289,8 @@ class BudgetFill:
         for q, hits in enumerate(base):
             u = units[q]
             pieces = fill_budget([self.rows(h) for h in hits], sum(h[3] for h in hits), budget, range(len(u.first)),
-                                 u.score.tolist(), u.first, u.count, self.engine.row_tokens)
+                                 u.score.tolist(), u.first, u.count, self.engine.row_tokens,
+                                 self.engine.row_sections, diversity)
             out.append(list(hits) + [(table.doc_ids[int(table.doc[a])], int(table.char_start[a]),
                                       int(table.char_end[b]), tok, sc, b - a + 1) for a, b, tok, sc in pieces])
         return out
