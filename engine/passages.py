@@ -13,6 +13,7 @@ these units recovers more of the evidence than more sentence-level chunks do (be
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -74,18 +75,26 @@ def fill_budget(taken: Sequence[tuple[int, int]], used: int, budget: int, ranked
         covered.update(range(a, b + 1))
         if groups is not None:
             seen.add(int(groups[a]))
-    left = [(int(p), float(s)) for p, s in zip(ranked, scores, strict=True)]
+    firsts, counts = np.asarray(first).tolist(), np.asarray(count).tolist()  # Python ints: no numpy scalars
+    units = [(p, float(s), firsts[p], firsts[p] + counts[p] - 1) for p, s in zip(ranked, scores, strict=True)]
+    if not units:
+        return []
+    group = (np.asarray(groups)[[a for _, _, a, _ in units]].tolist() if groups is not None else None)
+    # units in the order they are taken: rank order, or (diversity) a lazy greedy over a heap keyed by
+    # (-(score - diversity if the unit's group is seen), rank): penalties only grow, so an entry whose key is
+    # still current when it comes out is the best unit now
+    diverse = group is not None and diversity > 0
+    heap = [(-s + (diversity if diverse and group[k] in seen else 0.0), k) for k, (_, s, _, _) in enumerate(units)]
+    heapq.heapify(heap)
     out: list[tuple[int, int, int, float]] = []
-    while left and used < budget:
-        pick = 0
-        if groups is not None and diversity > 0:
-            value = [s - (diversity if int(groups[int(first[p])]) in seen else 0.0) for p, s in left]
-            pick = max(range(len(left)), key=lambda k: (value[k], -k))
-        p, score = left.pop(pick)
-        a = int(first[p])
-        b = a + int(count[p]) - 1
-        if groups is not None:
-            seen.add(int(groups[a]))
+    while heap and used < budget:
+        key, k = heapq.heappop(heap)
+        if diverse and group[k] in seen and key == -units[k][1]:  # its section was answered since: re-key
+            heapq.heappush(heap, (key + diversity, k))
+            continue
+        _, score, a, b = units[k]
+        if group is not None:
+            seen.add(group[k])
         row = a
         while row <= b and used < budget:
             if row in covered:

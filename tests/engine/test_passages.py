@@ -78,6 +78,35 @@ def test_fill_diversity_reaches_another_section_first():
     assert fill_budget([(0, 0)], 10, 100, ranked, scores, first, count, tokens, None, 0.05) == by_score
 
 
+def reference_fill(taken, used, budget, ranked, scores, first, count, n_tokens, groups, diversity):
+    """fill_budget's rule, slowly: each step takes the best remaining unit by score - diversity x [its first row's
+    group is seen] (ties: rank order), adds its free rows in order while they fit, and goes on."""
+    covered = {r for a, b in taken for r in range(a, b + 1)}
+    seen = {int(groups[a]) for a, _ in taken}
+    left = list(zip(ranked, scores, strict=True))
+    out = []
+    while left and used < budget:
+        value = [sc - (diversity if int(groups[first[p]]) in seen else 0.0) for p, sc in left]
+        k = max(range(len(left)), key=lambda j: (value[j], -j))
+        p, sc = left.pop(k)
+        seen.add(int(groups[first[p]]))
+        piece: list[int] = []
+        for r in range(int(first[p]), int(first[p] + count[p])):
+            if r in covered:
+                if piece:
+                    out.append((piece[0], piece[-1], int(n_tokens[piece].sum()), sc))
+                    piece = []
+                continue
+            if used + n_tokens[r] > budget:
+                break
+            piece.append(r)
+            covered.add(r)
+            used += int(n_tokens[r])
+        if piece:
+            out.append((piece[0], piece[-1], int(n_tokens[piece].sum()), sc))
+    return out
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_fill_never_overlaps_and_never_passes_the_budget(data):
@@ -96,6 +125,7 @@ def test_fill_never_overlaps_and_never_passes_the_budget(data):
     sections = np.asarray(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)), np.int64)
     diversity = data.draw(st.sampled_from([0.0, 0.25, 2.0]))
     got = fill_budget(taken, used, budget, ranked, scores, first, count, tokens, sections, diversity)
+    assert got == reference_fill(taken, used, budget, ranked, scores, first, count, tokens, sections, diversity)
     rows = [r for a, b, _, _ in got for r in range(a, b + 1)]
     assert len(rows) == len(set(rows)) and not set(rows) & set(taken_rows)
     assert all(t == tokens[a : b + 1].sum() for a, b, t, _ in got)
@@ -233,16 +263,17 @@ def test_blocked_cosine_scan_equals_the_dense_top_k(n_q, n_p, k, block, seed):
 
 
 def test_the_harness_budget_view_is_the_engines_fill(cat_store):
-    """qasc eval scores QASC's token budgets by composing a neutral pass with the engine's fill units; without
-    a token cutter (an overflowing chunk dropped, as the engine's budget rule does) that is the engine's answer
-    (for budgets of at least max_tokens: a smaller budget also caps the engine's chunks)."""
+    """qasc eval scores QASC's token budgets by composing a neutral pass with the engine's fill units (an
+    overflowing chunk dropped, as the engine's budget rule does, and the setting's fill diversity): that is the
+    engine's answer (for budgets of at least max_tokens: a smaller budget also caps the engine's chunks)."""
     from jobs.eval import qasc as Q
     from jobs.eval.qasc import BudgetFill, chunks_to_hits
 
     engine = Engine.open(str(cat_store))
     questions = ["How do cats communicate?", "What do dogs do for farmers?", "Which animals sleep a lot?"]
     emb = engine.embed_queries(questions)
-    for params in (QascParams(), QascParams(fill_spread=None), QascParams(fill_spread=0.0, lexical_weight=0.0)):
+    for params in (QascParams(), QascParams(fill_spread=None), QascParams(fill_spread=0.0, lexical_weight=0.0),
+                   QascParams(fill_diversity=0.0), QascParams(fill_diversity=0.5)):
         neutral = params.replace(**Q.NEUTRAL, max_tokens=20)
         units: list = []
         ranked = chunks_to_hits(engine.query_embedded(emb, neutral, questions=questions, fill_units=units))
@@ -250,7 +281,7 @@ def test_the_harness_budget_view_is_the_engines_fill(cat_store):
         for budget in (20, 40, 90):
             budgeted = neutral.replace(budget_tokens=budget)
             want = chunks_to_hits(engine.query_embedded(emb, budgeted, questions=questions))
-            assert BudgetFill(engine).hits(ranked, units, budget, None) == want
+            assert BudgetFill(engine).hits(ranked, units, budget, neutral.fill_diversity) == want
 
 
 def test_fill_units_take_rows_only_below_the_spread_gate(cat_store):
