@@ -16,7 +16,7 @@ import numpy as np
 
 from engine.config import RetrievalConfig
 from engine.passages import fill_budget
-from jobs.eval.retrieval import Hit, within_budget
+from jobs.eval.retrieval import Hit, TokenCutter, within_budget
 from kernels.params import QascParams
 
 NEUTRAL = {"top_k": None, "budget_tokens": None, "score_margin": None}
@@ -258,12 +258,13 @@ def run_setting(engine, query_emb, s: Setting, texts: Sequence[str] | None = Non
 
 
 class BudgetFill:
-    """The engine's `--budget-tokens` answer at the harness's token budgets, from one unbudgeted engine pass: a
-    setting's ranked chunks while they fit the budget (the first that would overflow stops them, as
-    kernels.select_chunks does: the engine drops it where the baselines' views cut it), then the engine's own
-    fill units for that setting and query (`Engine.query_embedded(fill_units=...)`) through
-    `engine.passages.fill_budget` with the setting's fill_diversity. Without units (no passages, or
-    params.budget_fill off): those chunks alone. Equal to the engine's budgeted answer (tested)."""
+    """The engine's budget fill (engine.fill) at the harness's token budgets, from one unbudgeted engine pass: a
+    setting's ranked chunks cut to the budget as every method's are (`within_budget`: the first that would
+    overflow is cut at the budget when a cutter is given, dropped without one, as the engine's
+    kernels.select_chunks does), then the engine's own fill units for that setting and query
+    (`Engine.query_embedded(fill_units=...)`) through `engine.passages.fill_budget` with the setting's
+    fill_diversity. Without units (no passages, or params.budget_fill off): the cut chunks alone. Without a cutter
+    this is the engine's `--budget-tokens` answer (tested)."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
@@ -280,9 +281,9 @@ class BudgetFill:
         r1 = lo + int(np.searchsorted(starts, hit[2] - 1, side="right")) - 1
         return max(r0, lo), max(r1, lo)
 
-    def hits(self, ranked: Sequence[Sequence[Hit]], units: Sequence, budget: int, diversity: float
-             ) -> list[list[Hit]]:
-        base = [within_budget(h, budget, None) for h in ranked]
+    def hits(self, ranked: Sequence[Sequence[Hit]], units: Sequence, budget: int, cutter: TokenCutter | None,
+             diversity: float) -> list[list[Hit]]:
+        base = [within_budget(h, budget, cutter) for h in ranked]
         if not units:
             return base
         table = self.engine.row_table

@@ -263,9 +263,10 @@ def test_blocked_cosine_scan_equals_the_dense_top_k(n_q, n_p, k, block, seed):
 
 
 def test_the_harness_budget_view_is_the_engines_fill(cat_store):
-    """qasc eval scores QASC's token budgets by composing a neutral pass with the engine's fill units (an
-    overflowing chunk dropped, as the engine's budget rule does, and the setting's fill diversity): that is the
-    engine's answer (for budgets of at least max_tokens: a smaller budget also caps the engine's chunks)."""
+    """qasc eval scores QASC's token budgets by composing a neutral pass with the engine's fill units; without
+    a token cutter (an overflowing chunk dropped, as the engine's budget rule does) and with the setting's fill
+    diversity that is the engine's answer (for budgets of at least max_tokens: a smaller budget also caps the
+    engine's chunks)."""
     from jobs.eval import qasc as Q
     from jobs.eval.qasc import BudgetFill, chunks_to_hits
 
@@ -281,7 +282,7 @@ def test_the_harness_budget_view_is_the_engines_fill(cat_store):
         for budget in (20, 40, 90):
             budgeted = neutral.replace(budget_tokens=budget)
             want = chunks_to_hits(engine.query_embedded(emb, budgeted, questions=questions))
-            assert BudgetFill(engine).hits(ranked, units, budget, neutral.fill_diversity) == want
+            assert BudgetFill(engine).hits(ranked, units, budget, None, neutral.fill_diversity) == want
 
 
 def test_fill_units_take_rows_only_below_the_spread_gate(cat_store):
