@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import warnings
+from dataclasses import asdict, dataclass, field, fields
 
 from engine.splitter import SplitterConfig
 from kernels.params import QascParams
@@ -53,9 +54,21 @@ class EngineConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> EngineConfig:
+        """A stored config -> EngineConfig. Keys this version does not know (a store written by another qasc
+        version) are left out with a warning naming them; the known ones keep their stored values."""
         return cls(
-            embedder=EmbedderConfig(**data.get("embedder", {})),
-            splitter=SplitterConfig(**data.get("splitter", {})),
-            qasc=QascParams(**data.get("qasc", {})),
-            retrieval=RetrievalConfig(**data.get("retrieval", {})),
+            embedder=EmbedderConfig(**_known(EmbedderConfig, data, "embedder")),
+            splitter=SplitterConfig(**_known(SplitterConfig, data, "splitter")),
+            qasc=QascParams(**_known(QascParams, data, "qasc")),
+            retrieval=RetrievalConfig(**_known(RetrievalConfig, data, "retrieval")),
         )
+
+
+def _known(kind: type, data: dict, section: str) -> dict:
+    values = dict(data.get(section, {}))
+    names = {f.name for f in fields(kind)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        warnings.warn(f"stored config: {section} settings {unknown} are unknown to this qasc version (written by "
+                      f"another version?); ignored", stacklevel=3)
+    return {k: v for k, v in values.items() if k in names}

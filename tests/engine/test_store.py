@@ -288,3 +288,20 @@ def test_index_child_reports_errors_as_the_drivers(tmp_path):
     with pytest.raises(QascError, match="building the index failed: KeyError"):  # not a QascError in the child
         index_child.build_in_child(str(tmp_path), [{}], None, "flat", 4, "index-0001.faiss", lambda line: None)
     assert not (tmp_path / "index-0001.faiss").exists()
+
+
+def test_a_stored_config_with_unknown_settings_opens_with_a_warning():
+    """A store written by another qasc version may carry settings this one does not know: they are left out with
+    a warning, the known ones keep their stored values (a TypeError before)."""
+    from engine.config import EngineConfig
+
+    data = json.loads(EngineConfig().to_json())
+    data["qasc"]["fill_diversity"] = 0.02
+    data["qasc"]["percentile"] = 80.0
+    data["retrieval"]["rerank"] = 3
+    with pytest.warns(UserWarning) as caught:
+        config = EngineConfig.from_dict(data)
+    messages = [str(w.message) for w in caught]
+    assert any("qasc settings ['fill_diversity'] are unknown" in m for m in messages)
+    assert any("retrieval settings ['rerank'] are unknown" in m for m in messages)
+    assert config.qasc.percentile == 80.0 and config.retrieval == EngineConfig().retrieval
