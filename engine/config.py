@@ -6,6 +6,7 @@ import json
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 
+from engine.errors import QascError
 from engine.splitter import SplitterConfig
 from kernels.params import QascParams
 
@@ -54,8 +55,10 @@ class EngineConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> EngineConfig:
-        """A stored config -> EngineConfig. Keys this version does not know (a store written by another qasc
-        version) are left out with a warning naming them; the known ones keep their stored values."""
+        """A stored config -> EngineConfig. Query-time keys (qasc, retrieval) this version does not know (a store
+        written by another qasc version) are left out with a warning naming them; the known ones keep their stored
+        values. Unknown embedder or splitter keys are refused (QascError): they say how the stored text was split
+        and embedded, and guessing would mix settings."""
         return cls(
             embedder=EmbedderConfig(**_known(EmbedderConfig, data, "embedder")),
             splitter=SplitterConfig(**_known(SplitterConfig, data, "splitter")),
@@ -68,6 +71,9 @@ def _known(kind: type, data: dict, section: str) -> dict:
     values = dict(data.get(section, {}))
     names = {f.name for f in fields(kind)}
     unknown = sorted(set(values) - names)
+    if unknown and section in ("embedder", "splitter"):
+        raise QascError(f"stored config: {section} settings {unknown} are unknown to this qasc version (the store was "
+                        f"written by another version); open it with that version")
     if unknown:
         warnings.warn(f"stored config: {section} settings {unknown} are unknown to this qasc version (written by "
                       f"another version?); ignored", stacklevel=3)

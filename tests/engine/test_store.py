@@ -305,3 +305,13 @@ def test_a_stored_config_with_unknown_settings_opens_with_a_warning():
     assert any("qasc settings ['fill_diversity'] are unknown" in m for m in messages)
     assert any("retrieval settings ['rerank'] are unknown" in m for m in messages)
     assert config.qasc.percentile == 80.0 and config.retrieval == EngineConfig().retrieval
+
+
+def test_a_stored_config_with_unknown_splitter_settings_is_refused():
+    """Unknown splitter/embedder settings describe how the stored text was cut and embedded: refused, not guessed."""
+    from engine.config import EngineConfig
+
+    data = json.loads(EngineConfig().to_json())
+    data["splitter"]["clause_breaks"] = True
+    with pytest.raises(QascError, match=r"splitter settings \['clause_breaks'\] are unknown"):
+        EngineConfig.from_dict(data)
