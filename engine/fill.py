@@ -12,7 +12,7 @@ QascParams; ties keep the higher cosine first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -29,37 +29,46 @@ from kernels.params import QascParams
 
 PASSAGE_POOL = 64  # passages re-ranked per query: the best by cosine
 PASSAGE_BLOCK_ELEMENTS = 1 << 24  # cosine scan: about this many scores held at once
+HS_BLOCK_PASSAGES = 1 << 16  # passages cast to float32 at a time for their heading dots
 CONTEXT_POOL = 32  # the heading gate's pool, as for the rows (engine.query.CONTEXT_POOL)
 
 
 class PassageTier:
     """A store's passages on the engine's device: first (P,) int64 global row, count (P,), n_tokens (P,), emb
     (P, dim) in the store's dtype, path (P,) int64 heading path of the first row (-1: none), hs (P,) float32 each
-    passage's dot with its path's embedding (0 without headings)."""
+    passage's dot with its path's embedding (0 without headings).
 
-    def __init__(self, passages: Passages, texts: Sequence[str], device: torch.device,
+    texts: the passages' texts in order, or a function returning them afresh (an iterator): read only to build
+    the lexical index on first use, never held (at 1M rows a second copy of the documents' text)."""
+
+    def __init__(self, passages: Passages, texts: Sequence[str] | Callable[[], Iterable[str]], device: torch.device,
                  headings: tuple[torch.Tensor, ...] | None) -> None:
         self.device = device
         self.first = torch.as_tensor(np.asarray(passages.first, np.int64), device=device)
         self.count = np.asarray(passages.count, np.int64)
         self.count_t = torch.as_tensor(self.count, device=device)
         self.emb = torch.as_tensor(np.asarray(passages.emb), device=device)
-        self.texts = list(texts)
-        self.path = torch.full((len(self.texts),), -1, dtype=torch.long, device=device)
-        self.hs = torch.zeros(len(self.texts), device=device)
-        if headings is not None and len(self.texts):
+        self._texts = texts
+        n = len(self.count)
+        self.path = torch.full((n,), -1, dtype=torch.long, device=device)
+        self.hs = torch.zeros(n, device=device)
+        if headings is not None and n:
             heading_emb, row_heading = headings[0], headings[1]
             self.path = row_heading[self.first]
             ok = self.path >= 0
-            self.hs = gathered_dots(heading_emb, self.emb.float(), self.path.clamp(min=0)[:, None], ok[:, None])[:, 0]
+            for lo in range(0, n, HS_BLOCK_PASSAGES):  # float32 copies of a block of passages at a time
+                hi = min(lo + HS_BLOCK_PASSAGES, n)
+                self.hs[lo:hi] = gathered_dots(heading_emb, self.emb[lo:hi].float(),
+                                               self.path[lo:hi].clamp(min=0)[:, None], ok[lo:hi, None])[:, 0]
         self._lexical: LexicalIndex | None = None
 
     def __len__(self) -> int:
-        return len(self.texts)
+        return len(self.count)
 
     def lexical(self) -> LexicalIndex:
         if self._lexical is None:
-            self._lexical = LexicalIndex.build(self.texts, self.device)
+            texts = self._texts() if callable(self._texts) else self._texts
+            self._lexical = LexicalIndex.build(texts, self.device)
         return self._lexical
 
     def top_cosine(self, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

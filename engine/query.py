@@ -347,10 +347,13 @@ class Engine:
             self._passages = None
             if passages is not None and len(passages.first):
                 table = self.row_table
-                last = passages.first + passages.count - 1
-                texts = [table.texts[d][a:b] for d, a, b in zip(
-                    table.doc[passages.first].tolist(), table.char_start[passages.first].tolist(),
-                    table.char_end[last].tolist(), strict=True)]
+                first, last = passages.first, passages.first + passages.count - 1
+
+                def texts() -> Iterator[str]:  # sliced when the tier's lexical index is built, not held
+                    return (table.texts[d][a:b] for d, a, b in zip(
+                        table.doc[first].tolist(), table.char_start[first].tolist(), table.char_end[last].tolist(),
+                        strict=True))
+
                 self._passages = PassageTier(passages, texts, self.device, self.heading_tensors())
         return self._passages
 
@@ -553,8 +556,8 @@ class Engine:
                 for a in range(lo, hi, step):  # kernels and assembly a bounded block of queries at a time
                     b = min(a + step, hi)
                     texts = None if questions is None else questions[a:b]
-                    fill = self.passage_tier() is not None and params.budget_fill and (
-                        params.budget_tokens is not None or fill_units is not None)
+                    fill = params.budget_fill and (params.budget_tokens is not None or fill_units is not None) and (
+                        self.passage_tier() is not None)  # passages load only for a fill (0.9 GiB at 1M rows)
                     batch, cand = self.run_batch(query_emb[a:b], params, retrieval,
                                                  pool[a % block : a % block + b - a], texts)
                     rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))

@@ -112,6 +112,20 @@ def test_budget_fill_adds_passages_up_to_the_budget(cat_store):
     assert engine.query(q)[0] == engine.query(q, QascParams(budget_fill=False))[0]  # no budget: no fill
 
 
+def test_passages_load_only_for_a_budget_fill(cat_store):
+    engine = Engine.open(str(cat_store))
+    q = ["How do cats communicate?"]
+    engine.query(q)  # no budget
+    engine.query(q, QascParams(budget_tokens=60, budget_fill=False))  # a budget without the fill
+    assert engine._passages is False and engine.store._passages is None  # neither the tier nor the store's table
+    engine.query(q, QascParams(budget_tokens=60))
+    tier = engine._passages
+    assert tier is not None and tier is not False and len(tier) == len(engine.store.passages.first)
+    assert not isinstance(tier._texts, list)  # the texts are sliced for the lexical index, not held
+    index = tier.lexical()
+    assert index is tier.lexical()  # built once
+
+
 def test_a_store_without_passages_returns_the_chunks_alone(tmp_path, cat_store):
     src = write_corpus(tmp_path / "src", DOCS)
     ingest([str(src)], tmp_path / "store", settings=IngestConfig(passage_tokens=0))
