@@ -179,7 +179,8 @@ def merge_passages(parts: list[Passages], dim: int, dtype: str) -> Passages:
         return Passages.empty(dim)
     return Passages(np.concatenate([p.first for p in parts]), np.concatenate([p.count for p in parts]),
                     np.concatenate([p.n_tokens for p in parts]),
-                    np.concatenate([np.asarray(p.emb).reshape(-1, dim) for p in parts]).astype(np.dtype(dtype), copy=False))
+                    np.concatenate([np.asarray(p.emb).reshape(-1, dim) for p in parts]).astype(
+                        np.dtype(dtype), copy=False))
 
 
 class Store:
