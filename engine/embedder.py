@@ -31,17 +31,6 @@ def resolve_device(device: str | None = "auto") -> torch.device:
     return dev
 
 
-def cpu_has_native_bf16() -> bool:
-    """True on a CPU with native bfloat16 instructions (avx512_bf16 or AMX), where bf16 matrix products run 2-4x
-    faster than float32; False elsewhere (there bf16 is emulated and slower) or when /proc/cpuinfo is unreadable."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            flags = fh.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     """'auto' -> bfloat16 on CUDA with bf16 support, float16 on other CUDA, float32 on CPU."""
     if dtype in (None, "auto"):

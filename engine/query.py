@@ -28,7 +28,8 @@ import torch
 
 from engine.assemble import ChunkColumns, RowTable, assemble_columns
 from engine.config import EngineConfig, RetrievalConfig
-from engine.embedder import Embedder, cpu_has_native_bf16
+from engine.cpu import cpu_has_native_bf16
+from engine.embedder import Embedder
 from engine.errors import QascError
 from engine.fill import FillUnits, PassageTier, fill_columns, merge_units
 from engine.lexical import LexicalIndex

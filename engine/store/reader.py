@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import torch
 
 from engine.config import EngineConfig
+from engine.cpu import cpu_has_int8_dot
 from engine.errors import QascError, first_line
 from engine.passages import Passages
 from engine.store import index as faiss_index
@@ -44,8 +45,10 @@ from kernels.ivf_scan import ivf_sq8_topk
 IVF_SEARCH = "auto"
 IVF_SCAN_MIN_LIST_ROWS = 128
 # the torch scan's query weights in 8 bits (int8 products) on CPU: 1.6-1.9x the float32 scan at 1M rows, the same
-# recall@16 after the exact re-rank (bench/RESULTS.md); False: float32, FAISS's own scores
-IVF_INT8 = True
+# recall@16 after the exact re-rank (bench/RESULTS.md), where the CPU has int8 dot-product instructions; ~25x
+# slower per product on one without (AVX2 only). "auto": int8 where `engine.cpu.cpu_has_int8_dot()`; True: int8
+# always; False: float32, FAISS's own scores
+IVF_INT8: bool | str = "auto"
 OPEN_RETRIES = 3  # Store.open: reads again from a manifest that changed while it read (an append committed)
 IVF_INT8_MIN_LIST_ROWS = 128  # ... for lists of this many rows on average (smaller: float32 was faster, 20k rows)
 
@@ -209,7 +212,7 @@ class Store:
         self.row_doc = np.repeat(np.arange(len(docs), dtype=np.int64), np.diff(self.doc_offsets))  # (N,)
         self.index = index
         self.ivf_search = IVF_SEARCH
-        self.ivf_int8 = IVF_INT8
+        self.ivf_int8 = cpu_has_int8_dot() if IVF_INT8 == "auto" else bool(IVF_INT8)  # int8 scan products (CPU)
         self._sq8: faiss_index.Sq8Lists | None = None
         self._sq8_of = None  # the index _sq8 was built from
         if headings is None:

@@ -307,7 +307,8 @@ def resolve_eval_dtype(device: str, dtype: str) -> str:
     """'fast' -> 'bfloat16' on a CPU with native bf16 instructions (avx512_bf16 / amx), else 'auto'."""
     if dtype != "fast":
         return dtype
-    from engine.embedder import cpu_has_native_bf16, resolve_device
+    from engine.cpu import cpu_has_native_bf16
+    from engine.embedder import resolve_device
 
     if resolve_device(device).type != "cpu":
         return "auto"

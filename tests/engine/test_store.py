@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from engine.cpu import cpu_has_int8_dot
 from engine.errors import QascError
 from engine.store import (
     DOCUMENTS_SCHEMA,
@@ -214,7 +215,8 @@ def test_index_flag_and_float16(tmp_path, tiny_model, kind, monkeypatch):
         assert store.sq8_lists() is not None
         monkeypatch.setattr(reader, "IVF_SCAN_MIN_LIST_ROWS", 10**9)
         store.ivf_search = "torch"  # forced, whatever the list sizes
-        assert store.sq8_lists() is not None and store.ivf_int8
+        assert store.sq8_lists() is not None and store.ivf_int8 == cpu_has_int8_dot()  # int8 only with VNNI/AMX
+        store.ivf_int8 = True  # the int8 path, whatever this CPU (slow without VNNI, still correct)
         q = torch.from_numpy(store.embeddings[:60].astype(np.float32)) + 0.05
         monkeypatch.setattr(reader, "IVF_INT8_MIN_LIST_ROWS", 0)  # int8 even for these short lists
         int8_s, int8_r = store.search_tensor(q, 5)  # int8 query weights, re-ranked exactly
