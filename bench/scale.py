@@ -36,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -466,6 +467,8 @@ def query_child(spec: dict) -> dict:
     exact = spec["mode"] == "exact"
     t0 = time.perf_counter()
     engine = open_engine(Path(spec["store"]), exact, spec.get("nprobe"))
+    if spec.get("budget_tokens"):  # every query with a token budget: the budget fill (passages) runs too
+        engine.config = replace(engine.config, qasc=replace(engine.config.qasc, budget_tokens=spec["budget_tokens"]))
     if spec["mode"] == "ivf-faiss":  # the peer: the same index searched by FAISS itself, not kernels.ivf_scan
         engine.store.ivf_search = "faiss"
     out = {"mode": spec["mode"], "open_s": time.perf_counter() - t0, "rss_open_gb": proc_status("VmRSS") / GiB,
@@ -531,7 +534,7 @@ def run_query_child(mode: str, store: Path, work: Path, n_queries: int, stream: 
     base = work / f"{store.name}.query-{mode}"
     spec = {"mode": mode, "store": str(store), "queries": n_queries, "pool": args.queries, "noise": args.noise,
             "seed": args.seed + 7, "nprobe": args.nprobe, "repeats": args.repeats, "slice": args.slice,
-            "threads": args.threads, "stream": stream, "hits": f"{base}.hits.npy",
+            "threads": args.threads, "stream": stream, "hits": f"{base}.hits.npy", "budget_tokens": args.budget_tokens,
             "stream_path": f"{base}.stream.parquet", "out": f"{base}.json"}
     spec_path = Path(f"{base}.spec.json")
     spec_path.write_text(json.dumps(spec))
@@ -628,6 +631,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--slice", type=int, default=2048, help="queries per engine slice (default 2048)")
     p.add_argument("--threads", type=int, default=0, help="torch threads in the query processes (0: torch default)")
     p.add_argument("--nprobe", type=int, default=0, help="IVF lists probed per query (0: the store's setting)")
+    p.add_argument("--budget-tokens", type=int, default=0, help="a token budget on every query, so that the budget "
+                   "fill runs (its passages loaded, ranked and appended; default 0: no budget, as `qasc query` "
+                   "without --budget-tokens)")
     p.add_argument("--faiss-queries", type=int, default=2000, help="of the IVF queries, the first N also timed "
                    "through FAISS's own IVF search, the peer of the torch scan (default 2000; 0: skip)")
     p.add_argument("--index", default="ivf", help="index kind of the store (default ivf)")
@@ -654,6 +660,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "repeat, quality on state_of_the_union with 300 queries")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.budget_tokens < 0:
+        p.error(f"--budget-tokens must be >= 0, got {args.budget_tokens}")
     if args.quick:
         args.sentences, args.queries, args.exact_queries = 20_000, 1000, 500
         args.stream_queries, args.repeats, args.quality_queries = 10_000, 1, 300
@@ -722,7 +730,8 @@ def main(argv=None) -> dict:
         "stored_embedding_gb": emb_bytes / GiB,
         "rss_bound_gb": 1.5 * emb_bytes / GiB + 1.0,
         "sentences": ing["sentences"], "documents": ing["documents"], "queries": args.queries,
-        "exact_queries": args.exact_queries, "depth": iv["depth"], "noise": args.noise, "repeats": args.repeats,
+        "exact_queries": args.exact_queries, "budget_tokens": args.budget_tokens or None, "depth": iv["depth"],
+        "noise": args.noise, "repeats": args.repeats,
         "nprobe": iv["nprobe"], "index": ing["index"], "index_params": ing["index_params"],
         "dtype_store": ing["dtype_store"],
         "ingest": ing, "corpus": cinfo, "query_exact": ex, "query_ivf": iv, "query_ivf_faiss": peer or None,
