@@ -29,7 +29,7 @@ from kernels.params import QascParams
 
 PASSAGE_POOL = 64  # passages re-ranked per query: the best by cosine
 PASSAGE_BLOCK_ELEMENTS = 1 << 24  # cosine scan: about this many scores held at once
-HS_BLOCK_PASSAGES = 1 << 16  # passages cast to float32 at a time for their heading dots
+HS_BLOCK_PASSAGES = 1 << 14  # passages cast to float32 at a time for their heading dots (two 24 MiB blocks)
 CONTEXT_POOL = 32  # the heading gate's pool, as for the rows (engine.query.CONTEXT_POOL)
 
 

@@ -253,3 +253,30 @@ def test_fill_units_take_rows_only_below_the_spread_gate(cat_store):
     assert 5.0 not in units[0].score.tolist() and 0.0 in units[0].score.tolist()  # row 2 is invalid, row 1 is not
     assert len(units[1].first) == len(tier)  # gate closed: passages only
     assert all(bool((np.diff(u.score) <= 0).all()) for u in units)
+
+
+def test_passages_of_many_shards_read_into_one_array(tmp_path, tiny_model):
+    """Store.passages reads shard by shard into one preallocated array: the same values, order and dtype as each
+    shard's own passages concatenated; a passages file gone missing is a clear error."""
+    from engine.store.reader import load_passages
+
+    docs = {f"{name}{i}": text for i in range(3) for name, text in DOCS.items()}  # six documents, one per shard
+    src = write_corpus(tmp_path / "src", docs)
+    ingest([str(src)], tmp_path / "store", EngineConfig(embedder=EmbedderConfig(model=tiny_model)),
+           IngestConfig(dtype_store="float16", shard_chars=100))
+    store = Store.open(tmp_path / "store")
+    shards = store.manifest["shards"]
+    assert len(shards) >= 3
+    p = store.passages
+    parts, row = [], 0
+    for shard in shards:
+        parts.append(load_passages(store.path, shard, store.manifest, row))
+        row += int(shard["n_sentences"])
+    assert p.emb.dtype == np.float16 and p.emb.shape == (sum(len(q.first) for q in parts), 32)
+    np.testing.assert_array_equal(p.first, np.concatenate([q.first for q in parts]))
+    np.testing.assert_array_equal(p.count, np.concatenate([q.count for q in parts]))
+    np.testing.assert_array_equal(p.n_tokens, np.concatenate([q.n_tokens for q in parts]))
+    np.testing.assert_array_equal(p.emb, np.concatenate([np.asarray(q.emb) for q in parts]))
+    (tmp_path / "store" / shards[-1]["passages"]).unlink()
+    with pytest.raises(QascError, match="missing store file"):
+        _ = Store.open(tmp_path / "store").passages
