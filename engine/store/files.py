@@ -85,17 +85,27 @@ def file_digest(path: Path) -> dict:
     return {"sha256": digest.hexdigest(), "bytes": size}
 
 
-def read_table(root: Path, rel: str, columns: list[str] | None = None) -> pa.Table:
-    """One Parquet file of the store, page checksums verified; QascError naming the file when it is bad or
-    when rel points outside the store (a hand-edited manifest)."""
+def _read_parquet(root: Path, rel: str, read: Callable[[Path], object]):
+    """read(root / rel) for one Parquet file of the store; QascError naming the file when it is missing or bad,
+    or when rel points outside the store (a hand-edited manifest)."""
     if ".." in Path(rel).parts or Path(rel).is_absolute():
         raise QascError(f"{root}: the manifest points at {rel!r}, outside the store")
     try:
-        return pq.read_table(root / rel, columns=columns, page_checksum_verification=True)
+        return read(root / rel)
     except FileNotFoundError:
         raise QascError(f"{root / rel}: missing store file") from None
     except (pa.ArrowException, OSError) as exc:
         raise QascError(f"{root / rel}: corrupt or truncated Parquet file ({first_line(exc)})") from None
+
+
+def read_table(root: Path, rel: str, columns: list[str] | None = None) -> pa.Table:
+    """One Parquet file of the store, page checksums verified (errors as `_read_parquet`)."""
+    return _read_parquet(root, rel, lambda path: pq.read_table(path, columns=columns, page_checksum_verification=True))
+
+
+def read_row_count(root: Path, rel: str) -> int:
+    """The rows of one Parquet file of the store, from its footer alone (errors as `_read_parquet`)."""
+    return int(_read_parquet(root, rel, lambda path: pq.read_metadata(path).num_rows))
 
 
 @contextlib.contextmanager

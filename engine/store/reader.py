@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import torch
 
 from engine.config import EngineConfig
@@ -26,7 +25,7 @@ from engine.cpu import cpu_has_int8_dot
 from engine.errors import QascError, first_line
 from engine.passages import Passages
 from engine.store import index as faiss_index
-from engine.store.files import read_table
+from engine.store.files import read_row_count, read_table
 from engine.store.manifest import check_sizes, read_manifest
 from engine.store.schema import (
     DOCUMENTS_SCHEMA,
@@ -177,20 +176,6 @@ def load_passages(root: Path, shard: dict, manifest: dict, row_start: int) -> Pa
     return Passages(first + row_start, count, tokens, emb)
 
 
-def passage_rows(root: Path, shard: dict) -> int:
-    """A shard's passage count from its Parquet footer (0 without a passages file); QascError when unreadable."""
-    if "passages" not in shard:
-        return 0
-    if ".." in Path(shard["passages"]).parts or Path(shard["passages"]).is_absolute():
-        raise QascError(f"{root}: the manifest points at {shard['passages']!r}, outside the store")
-    try:
-        return int(pq.read_metadata(root / shard["passages"]).num_rows)
-    except FileNotFoundError:
-        raise QascError(f"{root / shard['passages']}: missing store file") from None
-    except (pa.ArrowException, OSError) as exc:
-        raise QascError(f"{root / shard['passages']}: corrupt or truncated Parquet file ({first_line(exc)})") from None
-
-
 def read_passages(root: Path, manifest: dict) -> Passages:
     """Every shard's passages (global first rows) -> the store's, vectors in the store's dtype, read one shard at
     a time into one preallocated (P, dim) array (P from the files' footers): memory is the result plus one
@@ -198,7 +183,7 @@ def read_passages(root: Path, manifest: dict) -> Passages:
     shard's table left 0.85 GiB resident for 0.33 GiB of vectors, bench/RESULTS.md)."""
     dim, dtype = int(manifest["dim"]), manifest["dtype"]
     shards = manifest.get("shards", [])
-    sizes = [passage_rows(root, shard) for shard in shards]
+    sizes = [read_row_count(root, shard["passages"]) if "passages" in shard else 0 for shard in shards]
     if not sum(sizes):
         return Passages.empty(dim)
     emb = np.empty((sum(sizes), dim), np.dtype(dtype))
