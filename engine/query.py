@@ -558,7 +558,7 @@ class Engine:
                     b = min(a + step, hi)
                     texts = None if questions is None else questions[a:b]
                     fill = params.budget_fill and (params.budget_tokens is not None or fill_units is not None) and (
-                        self.passage_tier() is not None)  # passages load only for a fill (+0.4-0.5 GiB of peak at 1M rows)
+                        self.passage_tier() is not None)  # passages load only for a fill (+0.4-0.5 GiB at 1M)
                     batch, cand = self.run_batch(query_emb[a:b], params, retrieval,
                                                  pool[a % block : a % block + b - a], texts)
                     rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
