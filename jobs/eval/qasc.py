@@ -257,15 +257,36 @@ def run_setting(engine, query_emb, s: Setting, texts: Sequence[str] | None = Non
         return chunks_to_hits(engine.query_embedded(query_emb, s.params, s.retrieval, questions=texts, **extra))
 
 
+# The chunks a budget view keeps before the fill: those `qasc query --budget-tokens N` keeps, within the shipped
+# default's score gap of the best (QascParams.score_margin), not the setting's whole ranking.
+BUDGET_MARGIN = QascParams().score_margin
+
+
+def within_margin(hits: Sequence[Hit], margin: float | None) -> list[Hit]:
+    """Ranked hits (best first) -> the prefix scoring >= the best - margin (all of them for None), as the engine's
+    selection (kernels.selection.select_chunks) keeps them: no cap on their number."""
+    if margin is None or not hits:
+        return list(hits)
+    best = hits[0][4]
+    out = []
+    for h in hits:
+        if h[4] < best - margin:
+            break
+        out.append(h)
+    return out
+
+
 class BudgetFill:
-    """The engine's budget fill (engine.fill) at the harness's token budgets: a setting's ranked chunks cut to the
-    budget as every method's are (`within_budget`), then the engine's own fill units for that setting and query
-    (passages, and candidate rows where the heading spread allows; `Engine.query_embedded(fill_units=...)`)
-    through `engine.passages.fill_budget`. Without units (no passages, or params.budget_fill off): the cut chunks
+    """The engine's budget rule (`--budget-tokens`) at the harness's token budgets: of a setting's ranked chunks
+    those within `margin` of the best (BUDGET_MARGIN: the shipped default's; None: all), cut to the budget as
+    every method's are (`within_budget`), then the engine's own fill units for that setting and query (passages,
+    and candidate rows where the heading spread allows; `Engine.query_embedded(fill_units=...)`) through
+    `engine.passages.fill_budget`. Without units (no passages, or params.budget_fill off): the cut chunks
     alone."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, margin: float | None = BUDGET_MARGIN) -> None:
         self.engine = engine
+        self.margin = margin
         store = getattr(engine, "store", None)
         self.offsets = np.asarray(getattr(store, "doc_offsets", [0]), np.int64)
         self.doc_index = {d: i for i, d in enumerate(getattr(store, "doc_ids", []))}
@@ -281,7 +302,7 @@ class BudgetFill:
 
     def hits(self, ranked: Sequence[Sequence[Hit]], units: Sequence, budget: int,
              cutter: TokenCutter | None) -> list[list[Hit]]:
-        base = [within_budget(h, budget, cutter) for h in ranked]
+        base = [within_budget(within_margin(h, self.margin), budget, cutter) for h in ranked]
         if not units:
             return base
         table = self.engine.row_table

@@ -77,9 +77,9 @@ def render(results: dict) -> str:
     if rec:
         L.append(f"## Recall at {400} tokens per held-out set (choices made on recall)")
         L.append("")
-        L.append("Every method's ranked chunks while within the budget, the overflowing one cut at it; QASC's then the "
-                 "engine's budget fill (passages and single sentences by score, on stores with passages: "
-                 "`--budget-tokens`, `--budget-fill`).")
+        L.append("Every method's ranked chunks while within the budget, the overflowing one cut at it; for QASC the "
+                 "chunks `--budget-tokens` keeps (within the shipped score margin of the best), then the engine's "
+                 "budget fill (passages and single sentences by score, on stores with passages: `--budget-fill`).")
         L.append("")
         L.append("| method | " + " | ".join(sets) + " |")
         L.append("|---|" + "---|" * len(sets))

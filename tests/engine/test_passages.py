@@ -216,7 +216,8 @@ def test_blocked_cosine_scan_equals_the_dense_top_k(n_q, n_p, k, block, seed):
 def test_the_harness_budget_view_is_the_engines_fill(cat_store):
     """qasc eval scores QASC's token budgets by composing a neutral pass with the engine's fill units; without
     a token cutter (an overflowing chunk dropped, as the engine's budget rule does) that is the engine's answer
-    (for budgets of at least max_tokens: a smaller budget also caps the engine's chunks)."""
+    with the same score margin (for budgets of at least max_tokens: a smaller budget also caps the engine's
+    chunks): by default the shipped margin, as `qasc query --budget-tokens` keeps its chunks."""
     from jobs.eval import qasc as Q
     from jobs.eval.qasc import BudgetFill, chunks_to_hits
 
@@ -229,9 +230,12 @@ def test_the_harness_budget_view_is_the_engines_fill(cat_store):
         ranked = chunks_to_hits(engine.query_embedded(emb, neutral, questions=questions, fill_units=units))
         assert len(units) == len(questions)
         for budget in (20, 40, 90):
-            budgeted = neutral.replace(budget_tokens=budget)
-            want = chunks_to_hits(engine.query_embedded(emb, budgeted, questions=questions))
-            assert BudgetFill(engine).hits(ranked, units, budget, None) == want
+            for margin in (Q.BUDGET_MARGIN, None, 0.0):
+                budgeted = neutral.replace(budget_tokens=budget, score_margin=margin)
+                want = chunks_to_hits(engine.query_embedded(emb, budgeted, questions=questions))
+                assert BudgetFill(engine, margin).hits(ranked, units, budget, None) == want
+    assert Q.BUDGET_MARGIN == QascParams().score_margin is not None
+    assert BudgetFill(engine).margin == Q.BUDGET_MARGIN
 
 
 def test_fill_units_take_rows_only_below_the_spread_gate(cat_store):
