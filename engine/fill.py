@@ -130,9 +130,11 @@ def merge_units(tier: PassageTier, ids: torch.Tensor, scores: torch.Tensor, rows
 
 
 def fill_columns(cols: ChunkColumns, units: Sequence[FillUnits], budget: int, table: RowTable,
-                 doc_offsets: np.ndarray, row_tokens: np.ndarray) -> ChunkColumns:
+                 doc_offsets: np.ndarray, row_tokens: np.ndarray, row_sections: np.ndarray | None = None,
+                 diversity: float = 0.0) -> ChunkColumns:
     """A block's chunks (cols) and its queries' fill units -> the same chunks with each query's fill pieces
-    (engine.passages.fill_budget) after its own, ranked on: seed_ids empty, score the unit's."""
+    (engine.passages.fill_budget, with each row's section key and the diversity) after its own, ranked on:
+    seed_ids empty, score the unit's."""
     q_of = cols.query
     rows0 = doc_offsets[cols.doc] + cols.sentence_start
     rows1 = doc_offsets[cols.doc] + cols.sentence_end
@@ -143,7 +145,8 @@ def fill_columns(cols: ChunkColumns, units: Sequence[FillUnits], budget: int, ta
         taken = list(zip(rows0[a:b].tolist(), rows1[a:b].tolist(), strict=True))
         used = int(cols.n_tokens[a:b].sum())
         u = units[q]
-        pieces = fill_budget(taken, used, budget, range(len(u.first)), u.score.tolist(), u.first, u.count, row_tokens)
+        pieces = fill_budget(taken, used, budget, range(len(u.first)), u.score.tolist(), u.first, u.count, row_tokens,
+                             row_sections, diversity)
         for k, (r0, r1, tok, sc) in enumerate(pieces):
             add_q.append(q)
             add_rank.append(b - a + k)

@@ -13,6 +13,7 @@ these units recovers more of the evidence than more sentence-level chunks do (be
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -56,23 +57,44 @@ def pack_passages(paragraph: np.ndarray, n_tokens: np.ndarray, max_tokens: int) 
 
 
 def fill_budget(taken: Sequence[tuple[int, int]], used: int, budget: int, ranked: Sequence[int],
-                scores: Sequence[float], first: np.ndarray, count: np.ndarray, n_tokens: np.ndarray
-                ) -> list[tuple[int, int, int, float]]:
+                scores: Sequence[float], first: np.ndarray, count: np.ndarray, n_tokens: np.ndarray,
+                groups: np.ndarray | None = None, diversity: float = 0.0) -> list[tuple[int, int, int, float]]:
     """One query: taken = its chunks' global rows (start, end inclusive), used = their tokens, budget, ranked
     passage ids (best first) with their scores; per passage its first row and row count (one document's rows);
     per row its tokens -> the pieces to add, in order: (start row, end row inclusive, tokens, score).
 
-    Each passage gives the runs of its rows that no earlier chunk or piece holds; a run that does not fit the
-    budget left is cut to the rows that fit (none: the fill stops there), as the budget cuts QASC's own chunks."""
+    Units are taken best first; with `groups` (N,) (a group id per row: its section) and `diversity` d > 0, a unit
+    whose first row's group already holds a returned chunk or an earlier unit counts d less when the next unit is
+    chosen (ties: rank order), so the budget reaches other sections before it repeats one. Each unit gives the runs
+    of its rows that no earlier chunk or piece holds; a run that does not fit the budget left is cut to the rows
+    that fit, as the budget cuts QASC's own chunks, and the fill goes on with the next units (a shorter one may
+    still fit) until the budget is spent or the units run out."""
     covered: set[int] = set()
+    seen: set[int] = set()
     for a, b in taken:
         covered.update(range(a, b + 1))
+        if groups is not None:
+            seen.add(int(groups[a]))
+    firsts, counts = np.asarray(first).tolist(), np.asarray(count).tolist()  # Python ints: no numpy scalars
+    units = [(p, float(s), firsts[p], firsts[p] + counts[p] - 1) for p, s in zip(ranked, scores, strict=True)]
+    if not units:
+        return []
+    group = (np.asarray(groups)[[a for _, _, a, _ in units]].tolist() if groups is not None else None)
+    # units in the order they are taken: rank order, or (diversity) a lazy greedy over a heap keyed by
+    # (-(score - diversity if the unit's group is seen), rank): penalties only grow, so an entry whose key is
+    # still current when it comes out is the best unit now
+    diverse = group is not None and diversity > 0
+    heap = [(-s + (diversity if diverse and group[k] in seen else 0.0), k) for k, (_, s, _, _) in enumerate(units)]
+    heapq.heapify(heap)
     out: list[tuple[int, int, int, float]] = []
-    for p, score in zip(ranked, scores, strict=True):
-        if used >= budget:
-            break
-        a = int(first[p])
-        b = a + int(count[p]) - 1
+    while heap and used < budget:
+        key, k = heapq.heappop(heap)
+        if diverse and group[k] in seen and key == -units[k][1]:  # its section was answered since: re-key
+            heapq.heappush(heap, (key + diversity, k))
+            continue
+        _, score, a, b = units[k]
+        if group is not None:
+            seen.add(group[k])
         row = a
         while row <= b and used < budget:
             if row in covered:
@@ -82,11 +104,11 @@ def fill_budget(taken: Sequence[tuple[int, int]], used: int, budget: int, ranked
             while row <= b and row not in covered and used + tokens + int(n_tokens[row]) <= budget:
                 tokens += int(n_tokens[row])
                 row += 1
-            if row == start:  # the next row does not fit
-                return out
-            out.append((start, row - 1, tokens, float(score)))
+            if row == start:  # the next row does not fit: this unit gives no more
+                break
+            out.append((start, row - 1, tokens, score))
             covered.update(range(start, row))
             used += tokens
             if row <= b and row not in covered:  # cut by the budget
-                return out
+                break
     return out

@@ -402,6 +402,12 @@ class Engine:
         """(N_total,) int64 each row's model tokens (host), for the budget fill."""
         return self.n_tokens.cpu().numpy().astype(np.int64)
 
+    @cached_property
+    def row_sections(self) -> np.ndarray:
+        """(N_total,) int64 each row's section key (host; equal for the rows of one section of one document), for
+        the budget fill's diversity (QascParams.fill_diversity)."""
+        return self.block_keys("section").cpu().numpy().astype(np.int64)
+
     def pool_width(self, params: QascParams, retrieval: RetrievalConfig) -> int:
         """The rows one search returns per query for `run_batch`: the depth, or the heading context's pool."""
         depth = min(retrieval.depth, max(self.n_total, 1))
@@ -569,7 +575,8 @@ class Engine:
                             fill_units.extend(units)
                         if params.budget_tokens is not None:
                             cols = fill_columns(cols, units, params.budget_tokens, table,
-                                                np.asarray(self.store.doc_offsets, np.int64), self.row_tokens)
+                                                np.asarray(self.store.doc_offsets, np.int64), self.row_tokens,
+                                                self.row_sections, params.fill_diversity)
                     parts.append(cols)
                     del batch, cand, rows  # freed before the next block's kernels run
                     governor.step()

@@ -61,6 +61,9 @@ QASC_HELP = {
                    "--no-budget-fill: the chunks alone (stores without passages: no effect)",
     "fill_spread": "budget fill: single candidate sentences compete with the passages for queries whose heading "
                    "spread is below this ('none': for every query; stores without heading paths have spread 0)",
+    "fill_diversity": "budget fill: a passage or sentence from a section that already holds a returned chunk or "
+                      "an earlier fill unit counts this much less when the next unit is chosen (0..10; 0: by score "
+                      "alone)",
 }
 UNSET = argparse.SUPPRESS  # flag not given: keep the store's value (None from a flag means 'none')
 RETRIEVAL_HELP = {

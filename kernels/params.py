@@ -12,7 +12,7 @@ BLOCK_RULES = ("none", "paragraph", "section", "both")
 MAX_EXTENT_LIMIT = 64  # pooled runs are scored for every length up to max_extent: (Q, L, max_extent) per batch
 FLOAT_FIELDS = ("percentile", "threshold", "margin", "extent_penalty", "decay", "factor", "score_margin",
                 "far_margin", "length_bonus", "context_weight", "heading_residual", "lexical_weight", "lexical_spread",
-                "fill_spread")
+                "fill_spread", "fill_diversity")
 
 
 @dataclass(frozen=True)
@@ -94,6 +94,11 @@ class QascParams:
     # where the query's heading spread is below this (headings absent or alike, as for the lexical term); None: always.
     # None: sentence-level evidence (policyqa) needs the rows, and a spread gate shuts them out there (bench/RESULTS.md)
     fill_spread: float | None = None
+    # budget fill: a unit whose section already holds a returned chunk or an earlier unit counts this much less
+    # when the next unit is chosen (engine.passages.fill_budget; 0: by score alone): the budget reaches other
+    # sections before it repeats one. The development suite's leave-one-dataset-out choice (bench/RESULTS.md,
+    # "Diversity in the budget fill")
+    fill_diversity: float = 0.02
 
     def __post_init__(self) -> None:
         problems = [f"{name} must be a finite number, got {getattr(self, name)}" for name in FLOAT_FIELDS
@@ -152,6 +157,8 @@ class QascParams:
             problems.append(f"lexical_spread must be >= 0, got {self.lexical_spread}")
         if self.fill_spread is not None and self.fill_spread < 0:
             problems.append(f"fill_spread must be >= 0, got {self.fill_spread}")
+        if not 0 <= self.fill_diversity <= 10:
+            problems.append(f"fill_diversity must be in [0, 10], got {self.fill_diversity}")
         if self.score_margin is not None and self.score_margin < 0:
             problems.append(f"score_margin must be >= 0, got {self.score_margin}")
         if problems:

@@ -277,7 +277,8 @@ def qasc_run(engine, query_emb, questions: Sequence[Question], grid: Sequence[Q.
         t1 = time.perf_counter()
         add_candidates(run, s.key(), ranked, sels, questions, cutter)
         for b in cfg.budgets:
-            run.candidates[f"{s.key()}|budget={b}"] = score_hits(fill.hits(ranked, units, b, cutter), questions)
+            run.candidates[f"{s.key()}|budget={b}"] = score_hits(
+                fill.hits(ranked, units, b, cutter, s.params.fill_diversity), questions)
         run.settings[s.key()] = s
         t_engine += t1 - t0
         t_score += time.perf_counter() - t1

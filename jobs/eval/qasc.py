@@ -35,7 +35,7 @@ SHORT = {"percentile": "p", "radius": "m", "decay": "lam", "factor": "f", "gap":
          "focus_gap": "focus", "far_margin": "far", "block_extents": "blocks", "length_bonus": "lam",
          "context_weight": "ctx", "heading_residual": "hres", "boost_runs_once": "once",
          "blocks_need_heading": "bhead", "lexical_weight": "lex", "lexical_spread": "lexsp", "budget_fill": "fill",
-         "fill_spread": "fillsp"}
+         "fill_spread": "fillsp", "fill_diversity": "filldiv"}
 
 
 @dataclass(frozen=True)
@@ -277,12 +277,14 @@ def within_margin(hits: Sequence[Hit], margin: float | None) -> list[Hit]:
 
 
 class BudgetFill:
-    """The engine's budget rule (`--budget-tokens`) at the harness's token budgets: of a setting's ranked chunks
-    those within `margin` of the best (BUDGET_MARGIN: the shipped default's; None: all), cut to the budget as
-    every method's are (`within_budget`), then the engine's own fill units for that setting and query (passages,
-    and candidate rows where the heading spread allows; `Engine.query_embedded(fill_units=...)`) through
-    `engine.passages.fill_budget`. Without units (no passages, or params.budget_fill off): the cut chunks
-    alone."""
+    """The engine's budget rule (`--budget-tokens`) at the harness's token budgets, from one unbudgeted engine
+    pass: of a setting's ranked chunks those within `margin` of the best (BUDGET_MARGIN: the shipped default's;
+    None: all), cut to the budget as every method's are (`within_budget`: the first that would overflow is cut at
+    the budget when a cutter is given, dropped without one, as the engine's kernels.select_chunks does), then the
+    engine's own fill units for that setting and query (`Engine.query_embedded(fill_units=...)`) through
+    `engine.passages.fill_budget` with the setting's fill_diversity. Without units (no passages, or
+    params.budget_fill off): the cut chunks alone. Without a cutter this is the engine's `--budget-tokens` answer
+    at the same score margin (tested)."""
 
     def __init__(self, engine, margin: float | None = BUDGET_MARGIN) -> None:
         self.engine = engine
@@ -300,8 +302,8 @@ class BudgetFill:
         r1 = lo + int(np.searchsorted(starts, hit[2] - 1, side="right")) - 1
         return max(r0, lo), max(r1, lo)
 
-    def hits(self, ranked: Sequence[Sequence[Hit]], units: Sequence, budget: int,
-             cutter: TokenCutter | None) -> list[list[Hit]]:
+    def hits(self, ranked: Sequence[Sequence[Hit]], units: Sequence, budget: int, cutter: TokenCutter | None,
+             diversity: float) -> list[list[Hit]]:
         base = [within_budget(within_margin(h, self.margin), budget, cutter) for h in ranked]
         if not units:
             return base
@@ -310,7 +312,8 @@ class BudgetFill:
         for q, hits in enumerate(base):
             u = units[q]
             pieces = fill_budget([self.rows(h) for h in hits], sum(h[3] for h in hits), budget, range(len(u.first)),
-                                 u.score.tolist(), u.first, u.count, self.engine.row_tokens)
+                                 u.score.tolist(), u.first, u.count, self.engine.row_tokens,
+                                 self.engine.row_sections, diversity)
             out.append(list(hits) + [(table.doc_ids[int(table.doc[a])], int(table.char_start[a]),
                                       int(table.char_end[b]), tok, sc, b - a + 1) for a, b, tok, sc in pieces])
         return out

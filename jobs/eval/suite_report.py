@@ -79,7 +79,9 @@ def render(results: dict) -> str:
         L.append("")
         L.append("Every method's ranked chunks while within the budget, the overflowing one cut at it; for QASC the "
                  "chunks `--budget-tokens` keeps (within the shipped score margin of the best), then the engine's "
-                 "budget fill (passages and single sentences by score, on stores with passages: `--budget-fill`).")
+                 "budget fill (passages and single sentences by score, a section already answered counting "
+                 "`--fill-diversity` less; stores with passages, `--budget-fill`). The engine's own `--budget-tokens` "
+                 "drops an overflowing chunk instead of cutting it.")
         L.append("")
         L.append("| method | " + " | ".join(sets) + " |")
         L.append("|---|" + "---|" * len(sets))

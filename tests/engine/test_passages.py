@@ -56,6 +56,57 @@ def test_fill_skips_what_is_taken_and_cuts_at_the_budget():
     assert fill_budget([], 0, 5, [0], [1.0], first, count, tokens) == []  # not one row fits
 
 
+def test_fill_goes_on_after_a_unit_that_does_not_fit():
+    first, count = np.array([0, 3, 4]), np.array([3, 1, 1])
+    tokens = np.array([10, 10, 10, 30, 5])
+    # unit 0 is cut after two rows (20 of 28); unit 1 (30 tokens) does not fit; unit 2 (5) still does
+    assert fill_budget([], 0, 28, [0, 1, 2], [0.9, 0.8, 0.7], first, count, tokens) == [(0, 1, 20, 0.9),
+                                                                                         (4, 4, 5, 0.7)]
+
+
+def test_fill_diversity_reaches_another_section_first():
+    first, count = np.array([0, 2, 4]), np.array([2, 2, 2])
+    tokens = np.full(6, 10)
+    sections = np.array([7, 7, 7, 7, 9, 9])  # units 0 and 1 in section 7, unit 2 in section 9
+    ranked, scores = [1, 2, 0], [0.90, 0.88, 0.80]
+    by_score = fill_budget([(0, 0)], 10, 100, ranked, scores, first, count, tokens, sections, 0.0)
+    assert [p[0] for p in by_score] == [2, 4, 1]
+    # the returned chunk (row 0) is in section 7: unit 1 counts 0.90 - 0.05 < 0.88, so section 9 comes first;
+    # then unit 1 (0.85) beats unit 0 (0.75); the pieces keep their own scores
+    diverse = fill_budget([(0, 0)], 10, 100, ranked, scores, first, count, tokens, sections, 0.05)
+    assert diverse == [(4, 5, 20, 0.88), (2, 3, 20, 0.90), (1, 1, 10, 0.80)]
+    assert fill_budget([(0, 0)], 10, 100, ranked, scores, first, count, tokens, None, 0.05) == by_score
+
+
+def reference_fill(taken, used, budget, ranked, scores, first, count, n_tokens, groups, diversity):
+    """fill_budget's rule, slowly: each step takes the best remaining unit by score - diversity x [its first row's
+    group is seen] (ties: rank order), adds its free rows in order while they fit, and goes on."""
+    covered = {r for a, b in taken for r in range(a, b + 1)}
+    seen = {int(groups[a]) for a, _ in taken}
+    left = list(zip(ranked, scores, strict=True))
+    out = []
+    while left and used < budget:
+        value = [sc - (diversity if int(groups[first[p]]) in seen else 0.0) for p, sc in left]
+        k = max(range(len(left)), key=lambda j: (value[j], -j))
+        p, sc = left.pop(k)
+        seen.add(int(groups[first[p]]))
+        piece: list[int] = []
+        for r in range(int(first[p]), int(first[p] + count[p])):
+            if r in covered:
+                if piece:
+                    out.append((piece[0], piece[-1], int(n_tokens[piece].sum()), sc))
+                    piece = []
+                continue
+            if used + n_tokens[r] > budget:
+                break
+            piece.append(r)
+            covered.add(r)
+            used += int(n_tokens[r])
+        if piece:
+            out.append((piece[0], piece[-1], int(n_tokens[piece].sum()), sc))
+    return out
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.data())
 def test_fill_never_overlaps_and_never_passes_the_budget(data):
@@ -69,11 +120,23 @@ def test_fill_never_overlaps_and_never_passes_the_budget(data):
     used = int(tokens[taken_rows].sum()) if taken_rows else 0
     budget = data.draw(st.integers(0, 200))
     ranked = data.draw(st.permutations(range(len(first))))
-    got = fill_budget(taken, used, budget, ranked, [0.0] * len(ranked), first, count, tokens)
+    scores = sorted(data.draw(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0]), min_size=len(ranked),
+                                       max_size=len(ranked))), reverse=True)
+    sections = np.asarray(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)), np.int64)
+    diversity = data.draw(st.sampled_from([0.0, 0.25, 2.0]))
+    got = fill_budget(taken, used, budget, ranked, scores, first, count, tokens, sections, diversity)
+    assert got == reference_fill(taken, used, budget, ranked, scores, first, count, tokens, sections, diversity)
     rows = [r for a, b, _, _ in got for r in range(a, b + 1)]
     assert len(rows) == len(set(rows)) and not set(rows) & set(taken_rows)
     assert all(t == tokens[a : b + 1].sum() for a, b, t, _ in got)
-    assert used + sum(t for _, _, t, _ in got) <= max(budget, used)
+    total = used + sum(t for _, _, t, _ in got)
+    assert total <= max(budget, used)
+    # the fill goes on past a unit that does not fit: a unit left wholly untouched is one whose first row does
+    # not fit what is left
+    touched = set(rows) | set(taken_rows)
+    for a, c in zip(first.tolist(), count.tolist(), strict=True):
+        if not touched & set(range(a, a + c)):
+            assert total + tokens[a] > budget
 
 
 @pytest.fixture(scope="module")
@@ -215,16 +278,18 @@ def test_blocked_cosine_scan_equals_the_dense_top_k(n_q, n_p, k, block, seed):
 
 def test_the_harness_budget_view_is_the_engines_fill(cat_store):
     """qasc eval scores QASC's token budgets by composing a neutral pass with the engine's fill units; without
-    a token cutter (an overflowing chunk dropped, as the engine's budget rule does) that is the engine's answer
-    with the same score margin (for budgets of at least max_tokens: a smaller budget also caps the engine's
-    chunks): by default the shipped margin, as `qasc query --budget-tokens` keeps its chunks."""
+    a token cutter (an overflowing chunk dropped, as the engine's budget rule does) and with the setting's fill
+    diversity that is the engine's answer with the same score margin (for budgets of at least max_tokens: a
+    smaller budget also caps the engine's chunks): by default the shipped margin, as `qasc query --budget-tokens`
+    keeps its chunks."""
     from jobs.eval import qasc as Q
     from jobs.eval.qasc import BudgetFill, chunks_to_hits
 
     engine = Engine.open(str(cat_store))
     questions = ["How do cats communicate?", "What do dogs do for farmers?", "Which animals sleep a lot?"]
     emb = engine.embed_queries(questions)
-    for params in (QascParams(), QascParams(fill_spread=None), QascParams(fill_spread=0.0, lexical_weight=0.0)):
+    for params in (QascParams(), QascParams(fill_spread=None), QascParams(fill_spread=0.0, lexical_weight=0.0),
+                   QascParams(fill_diversity=0.0), QascParams(fill_diversity=0.5)):
         neutral = params.replace(**Q.NEUTRAL, max_tokens=20)
         units: list = []
         ranked = chunks_to_hits(engine.query_embedded(emb, neutral, questions=questions, fill_units=units))
@@ -233,7 +298,7 @@ def test_the_harness_budget_view_is_the_engines_fill(cat_store):
             for margin in (Q.BUDGET_MARGIN, None, 0.0):
                 budgeted = neutral.replace(budget_tokens=budget, score_margin=margin)
                 want = chunks_to_hits(engine.query_embedded(emb, budgeted, questions=questions))
-                assert BudgetFill(engine, margin).hits(ranked, units, budget, None) == want
+                assert BudgetFill(engine, margin).hits(ranked, units, budget, None, neutral.fill_diversity) == want
     assert Q.BUDGET_MARGIN == QascParams().score_margin is not None
     assert BudgetFill(engine).margin == Q.BUDGET_MARGIN
 
