@@ -298,13 +298,13 @@ def test_a_stored_config_with_unknown_settings_opens_with_a_warning():
     from engine.config import EngineConfig
 
     data = json.loads(EngineConfig().to_json())
-    data["qasc"]["fill_diversity"] = 0.02
+    data["qasc"]["a_later_setting"] = 0.02
     data["qasc"]["percentile"] = 80.0
     data["retrieval"]["rerank"] = 3
     with pytest.warns(UserWarning) as caught:
         config = EngineConfig.from_dict(data)
     messages = [str(w.message) for w in caught]
-    assert any("qasc settings ['fill_diversity'] are unknown" in m for m in messages)
+    assert any("qasc settings ['a_later_setting'] are unknown" in m for m in messages)
     assert any("retrieval settings ['rerank'] are unknown" in m for m in messages)
     assert config.qasc.percentile == 80.0 and config.retrieval == EngineConfig().retrieval
 
