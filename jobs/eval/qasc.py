@@ -257,20 +257,18 @@ def run_setting(engine, query_emb, s: Setting, texts: Sequence[str] | None = Non
         return chunks_to_hits(engine.query_embedded(query_emb, s.params, s.retrieval, questions=texts, **extra))
 
 
-# The chunks a budget view keeps before the fill: those `qasc query --budget-tokens N` keeps, within the shipped
-# default's score gap of the best (QascParams.score_margin), not the setting's whole ranking.
+# The chunks a budget view keeps before the fill: those `qasc query --budget-tokens N` keeps, at most the shipped
+# default's top_k within its score gap of the best (QascParams.top_k, score_margin), not the setting's whole ranking.
 BUDGET_MARGIN = QascParams().score_margin
+BUDGET_TOP_K = QascParams().top_k
 
 
-def within_margin(hits: Sequence[Hit], margin: float | None) -> list[Hit]:
-    """Ranked hits (best first) -> the prefix scoring >= the best - margin (all of them for None), as the engine's
-    selection (kernels.selection.select_chunks) keeps them: no cap on their number."""
-    if margin is None or not hits:
-        return list(hits)
-    best = hits[0][4]
-    out = []
+def within_margin(hits: Sequence[Hit], margin: float | None, top_k: int | None = None) -> list[Hit]:
+    """Ranked hits (best first) -> the prefix of at most top_k (None: any number) scoring >= the best - margin
+    (None: every score), as the engine's selection (kernels.selection.select_chunks) keeps them."""
+    out: list[Hit] = []
     for h in hits:
-        if h[4] < best - margin:
+        if (top_k is not None and len(out) >= top_k) or (margin is not None and h[4] < hits[0][4] - margin):
             break
         out.append(h)
     return out
@@ -278,17 +276,18 @@ def within_margin(hits: Sequence[Hit], margin: float | None) -> list[Hit]:
 
 class BudgetFill:
     """The engine's budget rule (`--budget-tokens`) at the harness's token budgets, from one unbudgeted engine
-    pass: of a setting's ranked chunks those within `margin` of the best (BUDGET_MARGIN: the shipped default's;
-    None: all), cut to the budget as every method's are (`within_budget`: the first that would overflow is cut at
-    the budget when a cutter is given, dropped without one, as the engine's kernels.select_chunks does), then the
-    engine's own fill units for that setting and query (`Engine.query_embedded(fill_units=...)`) through
-    `engine.passages.fill_budget` with the setting's fill_diversity. Without units (no passages, or
-    params.budget_fill off): the cut chunks alone. Without a cutter this is the engine's `--budget-tokens` answer
-    at the same score margin (tested)."""
+    pass: of a setting's ranked chunks the first `top_k` within `margin` of the best (BUDGET_TOP_K and
+    BUDGET_MARGIN: the shipped default's; None: no limit), cut to the budget as every method's are
+    (`within_budget`: the first that would overflow is cut at the budget when a cutter is given, dropped without
+    one, as the engine's kernels.select_chunks does), then the engine's own fill units for that setting and query
+    (`Engine.query_embedded(fill_units=...)`) through `engine.passages.fill_budget` with the setting's
+    fill_diversity. Without units (no passages, or params.budget_fill off): the cut chunks alone. Without a
+    cutter this is the engine's `--budget-tokens` answer at the same top_k and score margin (tested)."""
 
-    def __init__(self, engine, margin: float | None = BUDGET_MARGIN) -> None:
+    def __init__(self, engine, margin: float | None = BUDGET_MARGIN, top_k: int | None = BUDGET_TOP_K) -> None:
         self.engine = engine
         self.margin = margin
+        self.top_k = top_k
         store = getattr(engine, "store", None)
         self.offsets = np.asarray(getattr(store, "doc_offsets", [0]), np.int64)
         self.doc_index = {d: i for i, d in enumerate(getattr(store, "doc_ids", []))}
@@ -304,7 +303,7 @@ class BudgetFill:
 
     def hits(self, ranked: Sequence[Sequence[Hit]], units: Sequence, budget: int, cutter: TokenCutter | None,
              diversity: float) -> list[list[Hit]]:
-        base = [within_budget(within_margin(h, self.margin), budget, cutter) for h in ranked]
+        base = [within_budget(within_margin(h, self.margin, self.top_k), budget, cutter) for h in ranked]
         if not units:
             return base
         table = self.engine.row_table

@@ -275,7 +275,7 @@ def render(results: dict) -> str:
     L.append("")
     L.append("Rule: ranked chunks are taken while their model-token total stays within the budget; the first "
              "chunk that would overflow is cut at the budget (its first tokens are kept) and selection stops; "
-             "QASC's ranked chunks are those within the shipped score margin of the best (what `--budget-tokens` "
+             "QASC's ranked chunks are the shipped top-k within its score margin of the best (what `--budget-tokens` "
              "keeps), then the engine's budget fill on stores with passages. "
              "QASC's setting is chosen per fold at each budget by recall at that budget (every method spends up "
              "to the same budget, so the view asks who covers more evidence per token).")

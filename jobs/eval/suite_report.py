@@ -78,8 +78,8 @@ def render(results: dict) -> str:
         L.append(f"## Recall at {400} tokens per held-out set (choices made on recall)")
         L.append("")
         L.append("Every method's ranked chunks while within the budget, the overflowing one cut at it; for QASC the "
-                 "chunks `--budget-tokens` keeps (within the shipped score margin of the best), then the engine's "
-                 "budget fill (passages and single sentences by score, a section already answered counting "
+                 "chunks `--budget-tokens` keeps (the shipped top-k within its score margin of the best), then the "
+                 "engine's budget fill (passages and single sentences by score, a section already answered counting "
                  "`--fill-diversity` less; stores with passages, `--budget-fill`). The engine's own `--budget-tokens` "
                  "drops an overflowing chunk instead of cutting it.")
         L.append("")

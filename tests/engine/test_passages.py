@@ -295,12 +295,13 @@ def test_the_harness_budget_view_is_the_engines_fill(cat_store):
         ranked = chunks_to_hits(engine.query_embedded(emb, neutral, questions=questions, fill_units=units))
         assert len(units) == len(questions)
         for budget in (20, 40, 90):
-            for margin in (Q.BUDGET_MARGIN, None, 0.0):
-                budgeted = neutral.replace(budget_tokens=budget, score_margin=margin)
+            for margin, top_k in ((Q.BUDGET_MARGIN, Q.BUDGET_TOP_K), (None, None), (0.0, None), (None, 1)):
+                budgeted = neutral.replace(budget_tokens=budget, score_margin=margin, top_k=top_k)
                 want = chunks_to_hits(engine.query_embedded(emb, budgeted, questions=questions))
-                assert BudgetFill(engine, margin).hits(ranked, units, budget, None, neutral.fill_diversity) == want
-    assert Q.BUDGET_MARGIN == QascParams().score_margin is not None
-    assert BudgetFill(engine).margin == Q.BUDGET_MARGIN
+                got = BudgetFill(engine, margin, top_k).hits(ranked, units, budget, None, neutral.fill_diversity)
+                assert got == want
+    assert (Q.BUDGET_MARGIN, Q.BUDGET_TOP_K) == (QascParams().score_margin, QascParams().top_k)
+    assert BudgetFill(engine).margin == Q.BUDGET_MARGIN and BudgetFill(engine).top_k == Q.BUDGET_TOP_K
 
 
 def test_fill_units_take_rows_only_below_the_spread_gate(cat_store):
