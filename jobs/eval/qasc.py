@@ -165,10 +165,7 @@ def select(hits: Sequence[Hit], selector: str, cap: int = 10) -> list[Hit]:
     if kind == "k":
         return list(hits[: int(value)])
     if kind == "margin":
-        if not hits:
-            return []
-        best = hits[0][4]
-        return [h for h in hits[:cap] if h[4] >= best - float(value)]
+        return within_margin(hits, float(value), cap)
     raise ValueError(f"unknown selector {selector!r}")
 
 
