@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from engine.config import RetrievalConfig
+from engine.config import RetrievalConfig, budget_setting, describe_budget_profile
 from engine.errors import QascError
 from kernels.params import BLOCK_RULES, EXTENT_RULES, SCORE_RULES, SNAP_RULES, QascParams
 
@@ -108,6 +108,11 @@ def add_qasc_arguments(parser: argparse.ArgumentParser) -> None:
             names = [flag, "-m"] if f.name == "radius" else [flag]
             group.add_argument(*names, dest=f.name, default=UNSET, type=_flag_type(f.name, default),
                                help=f"{QASC_HELP[f.name]} (default {default})", **extra)
+    group.add_argument("--budget-profile", dest="budget_profile", default=True, action=argparse.BooleanOptionalAction,
+                       help="with --budget-tokens and the chunking knobs at their shipped values (none of them given, "
+                            "the store frozen with them): answer with the development suite's setting for recall at "
+                            f"a budget ({describe_budget_profile()}); --no-budget-profile: the store's setting as it "
+                            "is (default on)")
     group = parser.add_argument_group("pre-retrieval")
     for f in fields(RetrievalConfig):
         group.add_argument("--" + f.name, dest=f.name, type=int, default=UNSET,
@@ -126,3 +131,15 @@ def params_from_args(args: argparse.Namespace, base: QascParams, base_retrieval:
     except (ValueError, TypeError) as exc:
         raise QascError(str(exc)) from exc
     return params, retrieval
+
+
+def setting_from_args(args: argparse.Namespace, base: QascParams,
+                      base_retrieval: RetrievalConfig) -> tuple[QascParams, RetrievalConfig, bool]:
+    """args -> (QascParams, RetrievalConfig, whether the budget profile applied): `params_from_args`, then the
+    budget profile (engine.config.budget_setting) unless --no-budget-profile or one of its knobs was given."""
+    params, retrieval = params_from_args(args, base, base_retrieval)
+    if not getattr(args, "budget_profile", True):
+        return params, retrieval, False
+    given = {f.name for f in (*fields(QascParams), *fields(RetrievalConfig))
+             if getattr(args, f.name, UNSET) is not UNSET}
+    return budget_setting(params, retrieval, frozenset(given))

@@ -10,7 +10,7 @@ from pathlib import Path
 from engine.errors import QascError
 from engine.query import DEFAULT_SLICE_SIZE, MAX_QUERY_CHARS
 from jobs.devices import add_device_argument
-from jobs.params_cli import add_qasc_arguments, params_from_args
+from jobs.params_cli import add_qasc_arguments, setting_from_args
 from jobs.query_ray import DEFAULT_WORKERS
 from jobs.results import ResultWriter, print_table, rows_to_chunks
 
@@ -145,7 +145,7 @@ def read_queries(path: str) -> tuple[list[str], list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.config import EngineConfig
+    from engine.config import EngineConfig, describe_budget_profile
     from engine.embedder import resolve_device
     from engine.query import Engine
     from engine.store import read_manifest
@@ -177,7 +177,11 @@ def run(args: argparse.Namespace) -> int:
     if args.nprobe is not None and kind != "ivf":
         raise QascError(f"--nprobe applies to ivf stores; {args.store} has a {kind} index")
     stored = EngineConfig.from_dict(manifest.get("config", {}))
-    params, retrieval = params_from_args(args, stored.qasc, stored.retrieval)
+    params, retrieval, profiled = setting_from_args(args, stored.qasc, stored.retrieval)
+    if profiled:
+        print(f"budget profile: --budget-tokens {params.budget_tokens} on the shipped chunking setting answers with "
+              f"the development suite's budget setting ({describe_budget_profile()}); --no-budget-profile keeps the "
+              "store's setting", file=sys.stderr)
     writer = ResultWriter(args.out) if args.out else None  # checks --out before any work
     started = time.perf_counter()
     if ray:

@@ -19,6 +19,7 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
+from engine.config import RetrievalConfig, budget_setting
 from engine.errors import QascError
 from jobs.eval import qasc as Q
 from jobs.eval.context import SUFFIX as CONTEXT_SUFFIX
@@ -38,6 +39,7 @@ from jobs.eval.harness import (
     views,
 )
 from jobs.eval.metrics import bootstrap_ci
+from kernels.params import QascParams
 
 FIXED_FAMILIES = ("fixed", "recursive")
 PEER_FAMILY = "peer"
@@ -69,6 +71,14 @@ def leave_one_dataset_out(sets: Sequence[SetRun], method: str, kinds: Sequence[s
     set_of = np.concatenate([[s.dataset.name] * len(s.dataset.questions) for s in sets])
     return leave_one_corpus_out(_pooled_candidates(sets, method, keys), set_of.tolist(), criterion,
                                 sets[0].runs[method].preference())
+
+
+def is_budget_profile(s: Q.Setting) -> bool:
+    """Whether a grid setting is the engine's budget profile (engine.config.budget_setting on the shipped defaults)
+    up to the selection knobs the harness leaves neutral (its budget view applies the shipped ones)."""
+    shipped, shipped_retrieval, _ = budget_setting(QascParams(budget_tokens=RECALL_BUDGET), RetrievalConfig())
+    neutral = {k: getattr(shipped, k) for k in Q.NEUTRAL}
+    return s.params.replace(**neutral) == shipped and s.retrieval == shipped_retrieval
 
 
 def _masks(sets: Sequence[SetRun]) -> dict[str, np.ndarray]:
@@ -186,6 +196,7 @@ def run_suite(cfg: EvalConfig, data_dirs: Sequence[str], engine_factory: Callabl
     heldout: dict = {}
     cvs: dict[str, CVResult] = {}
     recall400: dict[str, dict[str, float]] = {}
+    recall_folds: list[dict] = []
     for m in methods:
         run = sets[0].runs[m]
         kinds = ("k", "margin") if run.family == "qasc" else ("k",)
@@ -200,6 +211,8 @@ def run_suite(cfg: EvalConfig, data_dirs: Sequence[str], engine_factory: Callabl
         except QascError:  # no run at this budget (--budgets without it)
             continue
         recall400[m] = {n: float(100 * rb.heldout["recall"][mk].mean()) for n, mk in masks.items()}
+        if m == "qasc":
+            recall_folds = [asdict(f) for f in rb.folds]
     timings = {"crossval": time.perf_counter() - t0}
 
     ablation_rows: list[dict] = []
@@ -211,7 +224,14 @@ def run_suite(cfg: EvalConfig, data_dirs: Sequence[str], engine_factory: Callabl
         timings["ablations"] = time.perf_counter() - t0
         extents = {n: extent_histogram(h) for n, h in set_hits(sets, "qasc", cvs["qasc"]).items()}
 
-    default = None
+    default = budget_default = None
+    if "qasc" in recall400:  # the same on recall at the budget: what `--budget-tokens` on the defaults should answer
+        keys = _common_keys(sets, "qasc", None, exact=f"budget={RECALL_BUDGET}")
+        key = best_in_sample(_pooled_candidates(sets, "qasc", keys), BUDGET_CRITERION,
+                             sets[0].runs["qasc"].preference())
+        chosen = sets[0].runs["qasc"].settings[key.split("|", 1)[0]]
+        budget_default = {"candidate": key, "folds": recall_folds, "is_budget_profile": is_budget_profile(chosen),
+                          **chosen.describe()}
     if "qasc" in cvs:  # the setting every fold would get with all sets to learn from: the shipped default
         keys = _common_keys(sets, "qasc", ("k", "margin"))
         key = best_in_sample(_pooled_candidates(sets, "qasc", keys), "f1", sets[0].runs["qasc"].preference())
@@ -237,6 +257,7 @@ def run_suite(cfg: EvalConfig, data_dirs: Sequence[str], engine_factory: Callabl
         "ablations": ablation_rows,
         "extents": extents,
         "chosen_on_all_sets": default,
+        "budget_chosen_on_all_sets": budget_default,
         "within_set": within,
         "config": {**asdict(cfg), "data_dirs": list(data_dirs), "grid_size": len(sets[0].grid)},
         "environment": _environment(embedder),

@@ -88,6 +88,20 @@ def render(results: dict) -> str:
         for n in sorted(rec, key=lambda n: (n != "qasc", -sum(rec[n].values()))):
             L.append(f"| {n} | " + " | ".join(_f(rec[n][s]) for s in sets) + " |")
         L.append("")
+        bd = results.get("budget_chosen_on_all_sets")
+        if bd:
+            L.append("QASC's choice per fold on recall at 400 (held-out set: setting | selector):")
+            L.append("")
+            for f in bd["folds"]:
+                L.append(f"- {f['corpus']} ({f['n_questions']} q): `{f['chosen']}` — train recall "
+                         f"{100 * f['train_score']:.1f}, held-out recall {100 * f['heldout_score']:.1f}")
+            L.append("")
+            L.append(f"Chosen on all sets together: `{bd['candidate']}`; "
+                     + ("the engine's budget profile, what `qasc query --budget-tokens N` answers with on the "
+                        "defaults." if bd["is_budget_profile"] else "**not** the engine's budget profile "
+                        "(engine.config.BUDGET_PROFILE): `qasc query --budget-tokens N` on the defaults answers "
+                        "with another setting."))
+            L.append("")
     ab = results.get("ablations") or []
     if ab:
         L.append("## Ablations of QASC's chosen setting (held out per set; paired delta F1 [95% CI], pooled)")

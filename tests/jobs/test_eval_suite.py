@@ -49,6 +49,9 @@ def test_suite_holds_each_dataset_out(tmp_path):
     fold = res["heldout"]["sentences"]["folds"][0]
     assert fold["chosen"].startswith("chunks|k=")
     assert set(res["recall_at_400"]) >= {"sentences", "qasc"}
+    budget = res["budget_chosen_on_all_sets"]  # the quick grid does not hold the budget profile's setting
+    assert budget["candidate"].endswith("|budget=400") and budget["is_budget_profile"] is False
+    assert [f["corpus"] for f in budget["folds"]] == ["set_a", "set_b"]
     assert {a["ablation"] for a in res["ablations"]} == {a for a, _ in Q.ABLATIONS}
     assert set(res["extents"]) == {"set_a", "set_b"}
     shares = res["extents"]["set_a"]
@@ -57,6 +60,7 @@ def test_suite_holds_each_dataset_out(tmp_path):
     assert set(res["within_set"]) == {"set_a", "set_b"}
     report = (out / "report.md").read_text()
     assert "leave-one-dataset-out" in report and "set_a" in report and "Ablations" in report
+    assert "**not** the engine's budget profile" in report
     assert (out / "extents.png").stat().st_size > 0
     assert json.loads((out / "results.json").read_text())["protocol"] == "leave-one-dataset-out"
 
