@@ -462,13 +462,18 @@ def query_child(spec: dict) -> dict:
     """One query process (mode exact | ivf): open, warm up, time --repeats runs, save hits; ivf also streams."""
     import torch
 
+    from engine.config import budget_setting
+
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
     exact = spec["mode"] == "exact"
     t0 = time.perf_counter()
     engine = open_engine(Path(spec["store"]), exact, spec.get("nprobe"))
-    if spec.get("budget_tokens"):  # every query with a token budget: the budget fill (passages) runs too
-        engine.config = replace(engine.config, qasc=replace(engine.config.qasc, budget_tokens=spec["budget_tokens"]))
+    if spec.get("budget_tokens"):  # every query with a token budget: the budget fill (passages) runs too, on the
+        # setting `qasc query --budget-tokens N` answers with (the budget profile on the store's shipped setting)
+        qasc, retrieval, _ = budget_setting(engine.config.qasc.replace(budget_tokens=spec["budget_tokens"]),
+                                            engine.config.retrieval)
+        engine.config = replace(engine.config, qasc=qasc, retrieval=retrieval)
     if spec["mode"] == "ivf-faiss":  # the peer: the same index searched by FAISS itself, not kernels.ivf_scan
         engine.store.ivf_search = "faiss"
     out = {"mode": spec["mode"], "open_s": time.perf_counter() - t0, "rss_open_gb": proc_status("VmRSS") / GiB,
@@ -632,8 +637,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch threads in the query processes (0: torch default)")
     p.add_argument("--nprobe", type=int, default=0, help="IVF lists probed per query (0: the store's setting)")
     p.add_argument("--budget-tokens", type=int, default=0, help="a token budget on every query, so that the budget "
-                   "fill runs (its passages loaded, ranked and appended; default 0: no budget, as `qasc query` "
-                   "without --budget-tokens)")
+                   "fill runs (its passages loaded, ranked and appended), on the setting `qasc query --budget-tokens "
+                   "N` answers with (the budget profile on a store of shipped settings; default 0: no budget, as "
+                   "`qasc query` without --budget-tokens)")
     p.add_argument("--faiss-queries", type=int, default=2000, help="of the IVF queries, the first N also timed "
                    "through FAISS's own IVF search, the peer of the torch scan (default 2000; 0: skip)")
     p.add_argument("--index", default="ivf", help="index kind of the store (default ivf)")

@@ -29,7 +29,8 @@ class QascParams:
     (0.8 x BM25 / best where the heading spread < 0.1), the boost counted once per pooled run. The window-mode
     fields keep the setting the same
     cross-validation chose among windows (adaptive up to m=3 within 0.1 of the seed, window-max ranking).
-    See bench/RESULTS.md.
+    With a token budget and these chunking defaults, `qasc query` answers with the suite's budget setting instead
+    (engine.config.BUDGET_PROFILE, `--no-budget-profile` to keep these). See bench/RESULTS.md.
     """
 
     percentile: float = 90.0  # seeds: sims >= the p-th percentile tau of the row (0..100)
