@@ -56,3 +56,24 @@ __all__ = [
     "select_chunks",
     "snap_to_blocks",
 ]
+
+
+def __getattr__(name: str):
+    """A name this package does not define. Hugging Face's PyPI package `kernels` (a dependency of transformers >=
+    5.25) has this package's import name: where it is installed, transformers imports this package in its place and
+    asks it for names such as `CUDAProperties`. Say so, instead of a bare "cannot import name"."""
+    if not name.startswith("_"):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            hub = version("kernels")
+        except PackageNotFoundError:
+            hub = None
+        if hub is not None:
+            raise ImportError(
+                f"cannot import name {name!r} from qasc's `kernels` package: Hugging Face's PyPI package `kernels` "
+                f"{hub} is installed under the same import name (transformers >= 5.25 depends on it), and qasc's "
+                f"takes its place. qasc needs transformers < 5.25 (its pin in pyproject.toml: `pip install "
+                f"'transformers<5.25'`), which runs without Hugging Face's `kernels` (`pip uninstall kernels`).",
+                name=__name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

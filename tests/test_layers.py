@@ -97,3 +97,26 @@ def test_no_module_level_patching_of_the_engine():
                 if text.strip("'\"").split(".")[0] == "engine" or text in ("store_mod", "faiss_index", "chunker_mod"):
                     offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
     assert not offenders, offenders
+
+
+def test_a_name_of_hugging_faces_kernels_package_gets_a_clear_error(monkeypatch):
+    """transformers >= 5.25 imports Hugging Face's PyPI package `kernels`, whose import name is this project's; where
+    it is installed, transformers gets ours and asks it for names it lacks: the error says why and what to do."""
+    import importlib.metadata as metadata
+
+    import kernels
+
+    real = metadata.version
+
+    def without_hub(name: str) -> str:
+        if name == "kernels":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(metadata, "version", without_hub)
+    with pytest.raises(AttributeError, match="has no attribute 'CUDAProperties'"):
+        kernels.CUDAProperties  # noqa: B018 (no such distribution: a plain AttributeError)
+    monkeypatch.setattr(metadata, "version", lambda name: "0.19.1" if name == "kernels" else real(name))
+    with pytest.raises(ImportError, match=r"Hugging Face's PyPI package `kernels` 0.19.1 .* transformers < 5.25"):
+        from kernels import CUDAProperties  # noqa: F401
+    assert not hasattr(kernels, "__wrapped__")  # private and dunder names stay plain AttributeErrors
