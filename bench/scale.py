@@ -421,14 +421,32 @@ def open_engine(store_dir: Path, exact: bool, nprobe: int | None = None):
     return engine
 
 
-def answer(engine, query_emb, slice_size: int) -> int:
-    """End to end (search + QASC + assembly) -> rows returned; Engine.query_batches (Arrow batches) when present."""
+def source_texts(engine, sources) -> list[str]:
+    """sources (Q,) int64 store rows -> each row's sentence text: the question text of a query made from it."""
+    offsets = np.asarray(engine.store.doc_offsets)
+    out = []
+    for r in sources.tolist():
+        d = int(np.searchsorted(offsets, r, side="right")) - 1
+        doc, i = engine.store.docs[d], r - int(offsets[d])
+        out.append(doc.text[int(doc.char_start[i]) : int(doc.char_end[i])])
+    return out
+
+
+def _texts_kw(engine, texts) -> dict:
+    return {"questions": texts} if texts is not None and "questions" in inspect.signature(
+        engine.query_batches).parameters else {}
+
+
+def answer(engine, query_emb, slice_size: int, texts: list[str] | None = None) -> int:
+    """End to end (search + QASC + assembly) -> rows returned; Engine.query_batches (Arrow batches) when present;
+    texts: the questions' texts (the gated lexical term runs), where the engine takes them."""
     if hasattr(engine, "query_batches"):
-        return sum(b.num_rows for b in engine.query_batches(query_emb, slice_size=slice_size))
+        return sum(b.num_rows for b in engine.query_batches(query_emb, slice_size=slice_size,
+                                                            **_texts_kw(engine, texts)))
     return sum(len(c) for c in engine.query_embedded(query_emb, slice_size=slice_size))
 
 
-def stream_results(engine, query_emb, path: Path, slice_size: int) -> int:
+def stream_results(engine, query_emb, path: Path, slice_size: int, texts: list[str] | None = None) -> int:
     """Results of query_emb written to path (.parquet) -> rows written. Engine.query_batches + jobs.results.
     ResultWriter (row groups as slices finish) when present, else today's path: query_embedded, rows, write_results
     (everything collected before the write)."""
@@ -437,7 +455,7 @@ def stream_results(engine, query_emb, path: Path, slice_size: int) -> int:
     if hasattr(engine, "query_batches") and hasattr(results, "ResultWriter"):
         n = 0
         with results.ResultWriter(str(path)) as writer:
-            for batch in engine.query_batches(query_emb, slice_size=slice_size):
+            for batch in engine.query_batches(query_emb, slice_size=slice_size, **_texts_kw(engine, texts)):
                 writer.write(batch)
                 n += batch.num_rows
         return n
@@ -494,18 +512,22 @@ def query_child(spec: dict) -> dict:
     out["search_per_s"] = len(queries) / max(out["search_s"], 1e-9)
     np.save(spec["hits"], hits)
     out["source_in_hits"] = float((hits == sources.numpy()[:, None]).any(1).mean())
-    answer(engine, queries[: min(len(queries), 256)], spec["slice"])  # warm-up: per-store dots and block stats
+    texts = source_texts(engine, sources) if spec.get("texts") else None
+    out["query_texts"] = texts is not None
+    # warm-up: per-store dots and block stats; with texts the lexical BM25 index too (its build counts in the peak)
+    answer(engine, queries[: min(len(queries), 256)], spec["slice"], texts and texts[:256])
     times, rows = [], 0
     for _ in range(spec["repeats"]):
         t0 = time.perf_counter()
-        rows = answer(engine, queries, spec["slice"])
+        rows = answer(engine, queries, spec["slice"], texts)
         times.append(time.perf_counter() - t0)
     out.update(queries=len(queries), times_s=times, rows=rows, query_per_s=len(queries) / median(times),
                peak_rss_gb=proc_status("VmHWM") / GiB)
     if spec["stream"]:
-        stream_q, _ = noisy_queries(engine.embeddings, spec["stream"], spec["noise"], spec["seed"] + 1, scale)
+        stream_q, stream_src = noisy_queries(engine.embeddings, spec["stream"], spec["noise"], spec["seed"] + 1, scale)
+        st = source_texts(engine, stream_src) if texts is not None else None
         path = Path(spec["stream_path"])
-        stream_results(engine, stream_q[: spec["slice"]], path, spec["slice"])  # first-use buffers: not growth
+        stream_results(engine, stream_q[: spec["slice"]], path, spec["slice"], st and st[: spec["slice"]])  # not growth
         path.unlink()
         n, sl = spec["stream"], spec["slice"]
         # below GROWTH_QUERIES a first point at n/4 queries (>= 2 slices: one slice's working memory is the same
@@ -514,12 +536,12 @@ def query_child(spec: dict) -> dict:
         method = "measured" if n >= GROWTH_QUERIES else "slope" if small else "linear"
         if small:
             with PeakRss() as mem:
-                stream_results(engine, stream_q[:small], path, spec["slice"])
+                stream_results(engine, stream_q[:small], path, spec["slice"], st and st[:small])
             path.unlink()
             base, growth_small = mem.before, mem.peak - mem.before
         t0 = time.perf_counter()
         with PeakRss() as mem:
-            n_rows = stream_results(engine, stream_q, path, spec["slice"])
+            n_rows = stream_results(engine, stream_q, path, spec["slice"], st)
         growth = mem.peak - (base if small else mem.before)  # against the first baseline: retained memory counts
         if method == "slope":
             at_target = growth + max(0, growth - growth_small) / (n - small) * (GROWTH_QUERIES - n)
@@ -540,7 +562,7 @@ def run_query_child(mode: str, store: Path, work: Path, n_queries: int, stream: 
     spec = {"mode": mode, "store": str(store), "queries": n_queries, "pool": args.queries, "noise": args.noise,
             "seed": args.seed + 7, "nprobe": args.nprobe, "repeats": args.repeats, "slice": args.slice,
             "threads": args.threads, "stream": stream, "hits": f"{base}.hits.npy", "budget_tokens": args.budget_tokens,
-            "stream_path": f"{base}.stream.parquet", "out": f"{base}.json"}
+            "texts": args.query_texts, "stream_path": f"{base}.stream.parquet", "out": f"{base}.json"}
     spec_path = Path(f"{base}.spec.json")
     spec_path.write_text(json.dumps(spec))
     wall, maxrss = run_child([sys.executable, "-m", "bench.scale", "--child", str(spec_path)], Path(f"{base}.log"))
@@ -636,6 +658,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--slice", type=int, default=2048, help="queries per engine slice (default 2048)")
     p.add_argument("--threads", type=int, default=0, help="torch threads in the query processes (0: torch default)")
     p.add_argument("--nprobe", type=int, default=0, help="IVF lists probed per query (0: the store's setting)")
+    p.add_argument("--query-texts", default=True, action=argparse.BooleanOptionalAction,
+                   help="each query carries its source sentence's text as its question, as `qasc query`'s questions "
+                        "do, so that the gated lexical term runs and its BM25 index (built on first use) counts in "
+                        "the time and the peak RSS (default on; --no-query-texts: vectors only, the runs before "
+                        "2026-12-03 18:40)")
     p.add_argument("--budget-tokens", type=int, default=0, help="a token budget on every query, so that the budget "
                    "fill runs (its passages loaded, ranked and appended), on the setting `qasc query --budget-tokens "
                    "N` answers with (the budget profile on a store of shipped settings; default 0: no budget, as "
@@ -737,6 +764,7 @@ def main(argv=None) -> dict:
         "rss_bound_gb": 1.5 * emb_bytes / GiB + 1.0,
         "sentences": ing["sentences"], "documents": ing["documents"], "queries": args.queries,
         "exact_queries": args.exact_queries, "budget_tokens": args.budget_tokens or None, "depth": iv["depth"],
+        "query_texts": args.query_texts,
         "noise": args.noise, "repeats": args.repeats,
         "nprobe": iv["nprobe"], "index": ing["index"], "index_params": ing["index_params"],
         "dtype_store": ing["dtype_store"],

@@ -47,6 +47,20 @@ def test_bm25_weights_by_hand() -> None:
     assert best.tolist() == pytest.approx([idf_cat * (BM25_K1 + 1), 0.0, idf_cats * (BM25_K1 + 1)], rel=1e-5)
 
 
+@pytest.mark.parametrize("block_rows", [1, 2, 3, 7])
+def test_the_build_by_blocks_equals_one_block(block_rows) -> None:
+    """Blocks are counted, then written into the index one at a time: the same arrays whatever the block size
+    (rows with no terms at block edges included)."""
+    rng = np.random.default_rng(block_rows)
+    words = ["alpha", "beta", "gamma", "delta", "the", "of", "x1", "zeta"]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(0, 9)))) for _ in range(23)] + TEXTS
+    whole, parts = LexicalIndex.build(texts, block_rows=10**6), LexicalIndex.build(texts, block_rows=block_rows)
+    assert whole.vocab == parts.vocab and np.array_equal(whole.idf, parts.idf)
+    for name in ("row_ptr", "row_terms", "row_weights"):
+        assert torch.equal(getattr(whole, name), getattr(parts, name)), name
+    assert parts.n_rows == len(texts)
+
+
 def test_dense_scores_equal_the_candidate_gather() -> None:
     index = LexicalIndex.build(TEXTS * 3)
     ptr, q_terms, _ = index.query_terms(["cat dog", "purr sleep bark", "mat", "nothing known"])
