@@ -423,12 +423,11 @@ def open_engine(store_dir: Path, exact: bool, nprobe: int | None = None):
 
 def source_texts(engine, sources) -> list[str]:
     """sources (Q,) int64 store rows -> each row's sentence text: the question text of a query made from it."""
-    offsets = np.asarray(engine.store.doc_offsets)
-    out = []
-    for r in sources.tolist():
-        d = int(np.searchsorted(offsets, r, side="right")) - 1
-        doc, i = engine.store.docs[d], r - int(offsets[d])
-        out.append(doc.text[int(doc.char_start[i]) : int(doc.char_end[i])])
+    out = []  # the engine's own per-row arrays: each row's document and that document's first row
+    for r, d, first in zip(sources.tolist(), engine.doc_of_row[sources].tolist(), engine.doc_first[sources].tolist(),
+                           strict=True):
+        doc = engine.store.docs[d]
+        out.append(doc.text[int(doc.char_start[r - first]) : int(doc.char_end[r - first])])
     return out
 
 

@@ -81,6 +81,14 @@ def is_budget_profile(s: Q.Setting) -> bool:
     return s.params.replace(**neutral) == shipped and s.retrieval == shipped_retrieval
 
 
+def _chosen_on_all_sets(sets: Sequence[SetRun], kinds: Sequence[str] | None, exact: str | None,
+                        criterion: str) -> tuple[str, Q.Setting]:
+    """QASC's best candidate (key, its setting) on the questions of every set together, as each fold chooses."""
+    keys = _common_keys(sets, "qasc", kinds, exact)
+    key = best_in_sample(_pooled_candidates(sets, "qasc", keys), criterion, sets[0].runs["qasc"].preference())
+    return key, sets[0].runs["qasc"].settings[key.split("|", 1)[0]]
+
+
 def _masks(sets: Sequence[SetRun]) -> dict[str, np.ndarray]:
     set_of = np.concatenate([[s.dataset.name] * len(s.dataset.questions) for s in sets])
     return {s.dataset.name: set_of == s.dataset.name for s in sets}
@@ -226,17 +234,12 @@ def run_suite(cfg: EvalConfig, data_dirs: Sequence[str], engine_factory: Callabl
 
     default = budget_default = None
     if "qasc" in recall400:  # the same on recall at the budget: what `--budget-tokens` on the defaults should answer
-        keys = _common_keys(sets, "qasc", None, exact=f"budget={RECALL_BUDGET}")
-        key = best_in_sample(_pooled_candidates(sets, "qasc", keys), BUDGET_CRITERION,
-                             sets[0].runs["qasc"].preference())
-        chosen = sets[0].runs["qasc"].settings[key.split("|", 1)[0]]
+        key, chosen = _chosen_on_all_sets(sets, None, f"budget={RECALL_BUDGET}", BUDGET_CRITERION)
         budget_default = {"candidate": key, "folds": recall_folds, "is_budget_profile": is_budget_profile(chosen),
                           **chosen.describe()}
     if "qasc" in cvs:  # the setting every fold would get with all sets to learn from: the shipped default
-        keys = _common_keys(sets, "qasc", ("k", "margin"))
-        key = best_in_sample(_pooled_candidates(sets, "qasc", keys), "f1", sets[0].runs["qasc"].preference())
-        base, sel = key.split("|", 1)
-        default = {"candidate": key, "selector": sel, **sets[0].runs["qasc"].settings[base].describe()}
+        key, chosen = _chosen_on_all_sets(sets, ("k", "margin"), None, "f1")
+        default = {"candidate": key, "selector": key.split("|", 1)[1], **chosen.describe()}
 
     within = {}
     for s in sets:  # secondary view: each set's own leave-one-corpus-out headline
