@@ -39,7 +39,7 @@ from kernels.candidates import CandidateRows, candidate_rows
 from kernels.context import best_paths, context_boost, heading_gate, heading_residual, packed_path_rows
 from kernels.extents import block_stats, neighbour_dots
 from kernels.gather import gathered_dots, segment_first
-from kernels.lexical import lexical_boost, lexical_scores
+from kernels.lexical import lexical_boost, lexical_on, lexical_scores
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
 
@@ -336,8 +336,10 @@ class Engine:
                       spread: torch.Tensor) -> torch.Tensor:
         """rows/valid (Q, L), spread (Q,) -> the gated lexical boost (Q, L) float32 of those rows."""
         index = self.lexical_index()
+        # only the queries whose term is on are scored: the others' boost is 0 whatever their rows' BM25
+        on = valid & lexical_on(term.best, spread.to(term.best.device), term.max_spread)[:, None]
         scores = lexical_scores(index.row_ptr, index.row_terms, index.row_weights, term.query_ptr,
-                                term.query_terms, index.vocab_size, rows, valid)
+                                term.query_terms, index.vocab_size, rows, on)
         return lexical_boost(scores, valid, term.best, spread.to(scores.device), term.weight, term.max_spread)
 
     def passage_tier(self) -> PassageTier | None:

@@ -57,6 +57,14 @@ def lexical_scores(
     return out
 
 
+def lexical_on(best: torch.Tensor, spread: torch.Tensor, max_spread: float | None) -> torch.Tensor:
+    """best (Q,) float32 the most a row could score per query, spread (Q,) float32 the heading gate's spread,
+    max_spread t (None: no gate) -> (Q,) bool: the queries whose lexical term is on (best > 0 and spread < t).
+    The others get a zero boost, so their rows' BM25 scores need not be computed (`Engine.lexical_boost`)."""
+    on = best > 0
+    return on & (spread < max_spread) if max_spread is not None else on
+
+
 def lexical_boost(
     scores: torch.Tensor, valid: torch.Tensor, best: torch.Tensor, spread: torch.Tensor, weight: float,
     max_spread: float | None,
@@ -65,8 +73,6 @@ def lexical_boost(
     the most a row could score per query, spread (Q,) float32 the heading gate's spread (0 without headings),
     weight alpha >= 0, max_spread t (None: no gate) -> boost (Q, L) float32 = alpha * scores / best where
     spread < t (and best > 0), 0 elsewhere and on invalid entries: add it to the rows' similarities."""
-    on = best > 0
-    if max_spread is not None:
-        on = on & (spread < max_spread)
+    on = lexical_on(best, spread, max_spread)
     scale = torch.where(on, weight / best.clamp(min=1e-12), torch.zeros_like(best))
     return torch.where(valid, scores * scale[:, None], torch.zeros_like(scores))

@@ -14,7 +14,7 @@ import torch
 from engine.config import RetrievalConfig
 from engine.errors import QascError
 from engine.lexical import BM25_B, BM25_K1, LexicalIndex, terms
-from kernels.lexical import lexical_scores
+from kernels.lexical import lexical_boost, lexical_scores
 from kernels.params import QascParams
 
 TEXTS = ["The cat sat on the mat.", "A dog and a cat.", "Dogs bark; cats purr, cats sleep.", "", "The the the."]
@@ -138,6 +138,22 @@ def test_the_gate_closes_where_headings_name_the_subject(plain_engine) -> None:
     valid = torch.ones_like(rows, dtype=torch.bool)
     assert float(plain_engine.lexical_boost(term, rows, valid, torch.tensor([0.0])).abs().sum()) > 0
     assert float(plain_engine.lexical_boost(term, rows, valid, torch.tensor([0.2])).abs().sum()) == 0
+
+
+@pytest.mark.slow
+def test_queries_with_the_gate_closed_skip_scoring_and_match_the_full_term(plain_engine) -> None:
+    base = _sentences(plain_engine.config.qasc)
+    term = plain_engine.lexical_term(base.replace(lexical_weight=0.8, lexical_spread=0.1), [QUESTION] * 3, 3)
+    rows = torch.arange(plain_engine.n_total).expand(3, -1)
+    valid = torch.ones_like(rows, dtype=torch.bool)
+    spread = torch.tensor([0.0, 0.2, 0.05])  # open, closed, open
+    index = plain_engine.lexical_index()
+    full = lexical_scores(index.row_ptr, index.row_terms, index.row_weights, term.query_ptr, term.query_terms,
+                          index.vocab_size, rows, valid)  # every query scored
+    want = lexical_boost(full, valid, term.best, spread, term.weight, term.max_spread)
+    got = plain_engine.lexical_boost(term, rows, valid, spread)
+    assert torch.equal(got, want)
+    assert float(got[0].abs().sum()) > 0 and float(got[1].abs().sum()) == 0
 
 
 @pytest.mark.slow
