@@ -164,6 +164,19 @@ def _hits(raw: torch.Tensor, limit: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return live.index_select(0, a), c
 
 
+def scan_budget(probes: torch.Tensor, list_codes: Sequence[torch.Tensor], max_codes: int) -> torch.Tensor | None:
+    """probes (Q, P) int64 each query's probed lists, nearest first, list_codes C tensors (n_c, D), max_codes ->
+    (Q, P) int64: how many of each probed list's codes the query scans under a budget of max_codes codes (FAISS's
+    `IndexIVF.max_codes`: whole lists in probe order, the one that crosses the budget cut short, none after it);
+    None when max_codes <= 0 (no budget: every probed list whole)."""
+    if max_codes <= 0:
+        return None
+    sizes = torch.tensor([c.shape[0] for c in list_codes], dtype=torch.long, device=probes.device)
+    size = sizes[probes]  # (Q, P)
+    before = size.cumsum(1) - size  # codes scanned before each list
+    return (max_codes - before).clamp(min=0).minimum(size)
+
+
 def ivf_sq8_topk(
     query: torch.Tensor,
     centroids: torch.Tensor,
@@ -175,6 +188,7 @@ def ivf_sq8_topk(
     k: int,
     by_residual: bool = True,
     int8: bool = False,
+    max_codes: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """query (Q, D) float, centroids (C, D) float32, list_codes C tensors (n_c, D) uint8, list_rows C tensors
     (n_c,) int64 (the rows the codes stand for), vmin, vdiff (D,) float32 (the quantiser's per-dimension range),
@@ -188,7 +202,11 @@ def ivf_sq8_topk(
     and each list is scored by an int8 x int8 -> int32 product (`torch._int_mm`, a CPU feature here): ~4x fewer
     cycles per multiply-add than float32 and no cast of the codes to float. Scores are then approximate, off by
     at most step / 2 * sum(code) (step: the query's quantisation step), the top k exact for those scores; callers
-    re-rank the hits from full vectors (Store.search_tensor does)."""
+    re-rank the hits from full vectors (Store.search_tensor does).
+
+    max_codes > 0: each query scans at most that many codes, as FAISS's `IndexIVF.max_codes`: its probed lists in
+    order, nearest first, until max_codes codes are scanned, the list that crosses the budget cut to its first
+    codes (0: every probed list whole). With lists of unequal sizes this bounds the work per query."""
     device = centroids.device
     q = query.to(device=device, dtype=torch.float32)
     n_q, n_c = q.shape[0], centroids.shape[0]
@@ -203,6 +221,7 @@ def ivf_sq8_topk(
     if int8:  # q_scaled . code = step * (q_int . (code - 128)) + step * 128 * sum(q_int)
         q_scaled, step = quantize_rows(q_scaled)
         offset += (step * 128 * q_scaled.sum(1, dtype=torch.float32))[:, None]
+    budget = scan_budget(probes, list_codes, max_codes)  # (Q, P) codes to scan of each probed list, or None
     probes = probes.to(torch.int32)  # (Q, P): the (query, probed list) pairs, int32 to halve the pair arrays
     cand = _Candidates(n_q, k, device)
     for first in (True, False):  # each query's nearest list first (column 0): it sets the thresholds
@@ -210,11 +229,15 @@ def ivf_sq8_topk(
         width = cols.shape[1]
         if width == 0:
             continue
+        part = None if budget is None else (budget[:, :1] if first else budget[:, 1:]).reshape(-1)
+        if part is not None:  # pairs past a query's budget go to list n_c: sorted last, never scanned
+            cols = torch.where((part > 0).view(cols.shape), cols, torch.full_like(cols, n_c))
         by_list, pairs = torch.sort(cols.reshape(-1), stable=True)  # pairs grouped by list: index q * P' + j
-        counts = torch.bincount(by_list, minlength=n_c)
+        counts = torch.bincount(by_list, minlength=n_c + 1)[:n_c]
         del by_list
         pair_off = (offset[:, :1] if first else offset[:, 1:]).reshape(-1)[pairs]  # (pairs,) in list order
         who_all = torch.div(pairs, width, rounding_mode="floor").to(torch.int32)  # (pairs,) their queries
+        pair_cut = None if part is None else part[pairs]  # (pairs,) the codes of its list each pair scans
         del pairs
         ends, sizes = torch.cumsum(counts, 0).tolist(), counts.tolist()
         scanned, next_merge = 0, 1
@@ -227,6 +250,9 @@ def ivf_sq8_topk(
             for lo in range(ends[lst] - sizes[lst], ends[lst], tile):
                 who = who_all[lo : min(lo + tile, ends[lst])].long()  # (m,) queries probing this list
                 off = pair_off[lo : lo + who.shape[0]]  # (m,)
+                cut = None if pair_cut is None else pair_cut[lo : lo + who.shape[0]]  # (m,) codes each scans
+                if cut is not None and bool((cut >= codes.shape[0]).all()):
+                    cut = None  # every query of the tile scans the whole list
                 if int8:  # (m, n) int32; score = off + step * raw
                     raw = _int8_products(q_scaled.index_select(0, who), side)
                     scale = step.index_select(0, who)
@@ -234,13 +260,21 @@ def ivf_sq8_topk(
                     raw = torch.addmm(off[:, None], q_scaled.index_select(0, who), side)
                 if first:  # each query once: its best k of this list go straight into its table row
                     scores = off[:, None] + scale[:, None] * raw.to(torch.float32) if int8 else raw
+                    if cut is not None:  # codes past the budget: no score, no row
+                        beyond = torch.arange(codes.shape[0], device=device)[None, :] >= cut[:, None]
+                        scores = scores.masked_fill(beyond, float("-inf"))
                     best, got = row_top_k(scores, k, rows)
+                    if cut is not None:
+                        got = torch.where(torch.isfinite(best), got, torch.full_like(got, -1))
                     cand.best_s[who, : best.shape[1]], cand.best_r[who, : best.shape[1]] = best, got
                     continue
                 limit = cand.threshold.index_select(0, who)
                 if int8:  # the threshold in raw units, rounded down one step (a superset: the merge decides)
                     limit = ((limit - off) / scale).floor().clamp(-(2.0**30), 2.0**30).to(torch.int32) - 1
                 hit_q, hit_c = _hits(raw, limit)
+                if cut is not None and hit_q.numel():  # only the codes within each query's budget
+                    inside = hit_c < cut.index_select(0, hit_q)
+                    hit_q, hit_c = hit_q[inside], hit_c[inside]
                 if hit_q.numel():
                     got = raw[hit_q, hit_c]
                     cand.add(who[hit_q], off[hit_q] + scale[hit_q] * got.to(torch.float32) if int8 else got,

@@ -756,11 +756,13 @@ def heading_residual(
     return _to_tensor(out, tuple(c.shape), c.dtype, c.device)
 
 
-def ivf_sq8_topk(query, centroids, list_codes, list_rows, vmin, vdiff, nprobe, k, by_residual=True, int8=False):
+def ivf_sq8_topk(query, centroids, list_codes, list_rows, vmin, vdiff, nprobe, k, by_residual=True, int8=False,
+                 max_codes=0):
     """Twin of kernels.ivf_scan.ivf_sq8_topk: per query, the probed lists by centroid score (ties: lower list),
     each code decoded to its vector one at a time (FAISS's 8-bit decoding), the inner products in float64, then
     the k best (score descending, equal scores lower row first). int8: the code term sum_d q_d vdiff_d / 255 code_d
-    is step * sum_d w_d code_d instead, w the query's weights q * vdiff / 255 rounded to steps of max |w| / 127."""
+    is step * sum_d w_d code_d instead, w the query's weights q * vdiff / 255 rounded to steps of max |w| / 127.
+    max_codes > 0: the lists' codes are taken in probe order until max_codes of them are scanned (FAISS's rule)."""
     device = centroids.device
     q_rows, cents = _rows(query.double()), _rows(centroids.double())
     lo, span = [float(v) for v in vmin.double()], [float(v) for v in vdiff.double()]
@@ -773,10 +775,14 @@ def ivf_sq8_topk(query, centroids, list_codes, list_rows, vmin, vdiff, nprobe, k
             w = query[i].to("cpu", torch.float32) * (vdiff.to("cpu", torch.float32) / 255)
             step = w.abs().max().clamp(min=1e-30) / 127 if len(w) else torch.tensor(1e-30)
             weights, step = [int(v) for v in torch.round(w / step).tolist()], float(step)
-        found = []
+        found, scanned = [], 0
         for c in by_list[: max(1, min(nprobe, len(cents)))]:
+            if max_codes > 0 and scanned >= max_codes:
+                break
             base = cents[c] if by_residual else [0.0] * len(q)
-            for code, row in zip(codes[c], rows[c], strict=True):
+            take = len(codes[c]) if max_codes <= 0 else min(len(codes[c]), max_codes - scanned)
+            scanned += take
+            for code, row in zip(codes[c][:take], rows[c][:take], strict=True):
                 if int8:
                     x = [b + m + 0.5 / 255 * d for b, m, d in zip(base, lo, span, strict=True)]
                     score = sum(a * b for a, b in zip(q, x, strict=True)) + step * sum(

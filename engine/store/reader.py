@@ -352,7 +352,8 @@ class Store:
                 query.detach().to("cpu", torch.float32), lists.centroids, lists.codes, lists.rows, lists.vmin,
                 lists.vdiff, int(self.index.nprobe), wide, lists.by_residual,
                 int8=self.ivf_int8 and lists.centroids.device.type == "cpu"
-                and len(self.vectors) >= IVF_INT8_MIN_LIST_ROWS * len(lists.codes)))
+                and len(self.vectors) >= IVF_INT8_MIN_LIST_ROWS * len(lists.codes),
+                max_codes=int(getattr(self.index, "max_codes", 0) or 0)))
         else:
             host = query.detach().to("cpu", torch.float32).numpy()
             scores, rows = (torch.from_numpy(a).to(self.vectors.device)

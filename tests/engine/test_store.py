@@ -229,6 +229,12 @@ def test_index_flag_and_float16(tmp_path, tiny_model, kind, monkeypatch):
         assert (int8_r == faiss_r).float().mean() > 0.9
         same = int8_r == faiss_r  # a hit found by both has the same exact (re-ranked) score
         assert torch.allclose(int8_s[same], faiss_s[same], atol=1e-4)
+        store.index.max_codes = 4  # a budget of codes per query (FAISS's IndexIVF.max_codes): both searches keep it
+        budget_s, budget_r = store.search_tensor(q, 5)
+        assert (budget_r != faiss_r).any()  # fewer codes scanned: other hits
+        store.ivf_search = "torch"
+        torch_s, torch_r = store.search_tensor(q, 5)
+        assert torch.allclose(torch_s, budget_s, atol=1e-4) and (torch_r == budget_r).float().mean() > 0.95
 
 
 def test_open_errors(tmp_path):

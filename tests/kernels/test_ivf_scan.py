@@ -19,7 +19,8 @@ TOL = 1e-4
 @st.composite
 def inverted_lists(draw: st.DrawFn) -> dict:
     """C in 1..5 lists of 0..8 rows each (rows numbered at random, unique), D in 1..16, Q in 0..5 queries, k, nprobe
-    (up to C + 1: clamped), codes from all 256 values or from {0, 255} (many equal codes)."""
+    (up to C + 1: clamped), codes from all 256 values or from {0, 255} (many equal codes), a budget of codes per
+    query (max_codes; 0: none) that cuts lists short or leaves them out."""
     n_lists, dim, n_q = draw(st.integers(1, 5)), draw(st.sampled_from([1, 2, 3, 5, 6, 8, 16])), draw(st.integers(0, 5))
     sizes = draw(st.lists(st.integers(0, 8), min_size=n_lists, max_size=n_lists))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
@@ -32,7 +33,7 @@ def inverted_lists(draw: st.DrawFn) -> dict:
             "list_codes": codes, "list_rows": [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)],
             "vmin": torch.randn(dim, generator=g) * 0.5, "vdiff": torch.rand(dim, generator=g) + 0.1,
             "nprobe": draw(st.integers(1, n_lists + 1)), "k": draw(st.integers(1, 12)),
-            "by_residual": draw(st.booleans())}
+            "by_residual": draw(st.booleans()), "max_codes": draw(st.sampled_from([0, 0, 1, 3, 7, 20]))}
 
 
 def assert_same_topk(fast: tuple[torch.Tensor, torch.Tensor], slow: tuple[torch.Tensor, torch.Tensor],
@@ -64,7 +65,7 @@ def test_ivf_sq8_topk_matches_reference(case: dict, limits: tuple[int, int, int]
         fast = scan.ivf_sq8_topk(**case)
     slow = ref.ivf_sq8_topk(**case)
     n_rows = sum(len(r) for r in case["list_rows"]) or 1
-    every_s, every_r = ref.ivf_sq8_topk(**{**case, "k": n_rows})  # every probed row's reference score
+    every_s, every_r = ref.ivf_sq8_topk(**{**case, "k": n_rows})  # every scanned row's reference score
     exact = [{r: s for r, s in zip(rr.tolist(), ss.tolist(), strict=True) if r >= 0}
              for rr, ss in zip(every_r, every_s, strict=True)]
     assert_same_topk(fast, slow, exact)
@@ -133,13 +134,18 @@ def test_ivf_sq8_topk_equals_faiss_search() -> None:
             continue
         assert sum(len(r) for r in lists.rows) == 3000 and lists.by_residual
         query = rng.standard_normal((50, 24)).astype(np.float32)
-        want_s, want_r = index.search(query, 20)
-        got_s, got_r = scan.ivf_sq8_topk(torch.from_numpy(query), lists.centroids, lists.codes, lists.rows,
-                                         lists.vmin, lists.vdiff, index.nprobe, 20, lists.by_residual)
-        assert np.allclose(got_s.numpy(), want_s, atol=TOL)
-        for g, w, ws in zip(got_r.numpy(), want_r, want_s, strict=True):
-            clear = ws > ws[-1] + TOL  # rows above the cut by more than the tolerance: the same set
-            assert set(w[clear]) <= set(g)
+        for max_codes in (0, 1, 150, 700):  # no budget; a budget inside the first list, across lists, past most
+            index.max_codes = max_codes
+            want_s, want_r = index.search(query, 20)
+            got_s, got_r = scan.ivf_sq8_topk(torch.from_numpy(query), lists.centroids, lists.codes, lists.rows,
+                                             lists.vmin, lists.vdiff, index.nprobe, 20, lists.by_residual,
+                                             max_codes=max_codes)
+            assert np.array_equal(got_r.numpy() < 0, want_r < 0)
+            ok = want_r >= 0
+            assert np.allclose(got_s.numpy()[ok], want_s[ok], atol=TOL)
+            for g, w, ws in zip(got_r.numpy(), want_r, want_s, strict=True):
+                clear = ws > ws[w >= 0][-1] + TOL if (w >= 0).any() else ws < ws  # above the cut by more than TOL
+                assert set(w[clear]) <= set(g)
 
 
 def test_row_top_k_keeps_lower_rows_at_a_tie() -> None:
