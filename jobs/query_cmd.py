@@ -29,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nprobe", type=int, default=None,
                    help="ivf stores: inverted lists probed per query (default: the store's, at least 1/16 of its lists "
                         "and 16; more = higher recall, slower); local path only")
+    p.add_argument("--max-codes", type=int, default=None,
+                   help="ivf stores: at most this many codes scanned per query, the probed lists nearest first "
+                        "(FAISS's max_codes; default: none); local path only")
     p.add_argument("--ray", action="store_true", help="run as a Ray job: shards of queries on actors")
     p.add_argument("--ray-address", default=None, help="Ray cluster address ('auto' = the running cluster); "
                    "implies --ray; default: RAY_ADDRESS, else the cluster of a `ray job submit` job, else a "
@@ -149,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
     from engine.embedder import resolve_device
     from engine.query import Engine
     from engine.store import read_manifest
+    from engine.store.index import set_max_codes
 
     if args.question is not None:
         if not args.question.strip():
@@ -161,6 +165,10 @@ def run(args: argparse.Namespace) -> int:
     ray = bool(args.ray or args.ray_address)
     if ray and args.nprobe is not None:
         raise QascError("--nprobe applies to the local path only (Ray actors open the store with its own nprobe)")
+    if args.max_codes is not None and args.max_codes < 0:
+        raise QascError(f"--max-codes must be >= 0 (0: no budget), got {args.max_codes}")
+    if ray and args.max_codes is not None:
+        raise QascError("--max-codes applies to the local path only (Ray actors open the store with its own index)")
     if args.workers is not None and args.workers < 1:
         raise QascError(f"--workers must be >= 1, got {args.workers}")
     if args.workers is not None and not ray:
@@ -176,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
     kind = manifest.get("index", {}).get("kind")
     if args.nprobe is not None and kind != "ivf":
         raise QascError(f"--nprobe applies to ivf stores; {args.store} has a {kind} index")
+    if args.max_codes is not None and kind != "ivf":
+        raise QascError(f"--max-codes applies to ivf stores; {args.store} has a {kind} index")
     stored = EngineConfig.from_dict(manifest.get("config", {}))
     params, retrieval, profiled = setting_from_args(args, stored.qasc, stored.retrieval)
     if profiled:
@@ -191,6 +201,8 @@ def run(args: argparse.Namespace) -> int:
                                 ray_address=args.ray_address, device=args.device, slice_size=args.batch_size)
     else:
         engine = Engine.open(args.store, device=args.device, nprobe=args.nprobe)
+        if args.max_codes is not None:
+            set_max_codes(engine.store.index, args.max_codes)
         batches = engine.query_stream(questions, ids, params, retrieval, slice_size=args.batch_size)
     if writer is not None:  # results go to the file slice by slice: memory does not grow with the queries
         with writer:

@@ -98,6 +98,16 @@ def set_nprobe(params: dict, nprobe: int | None) -> int:
     return int(nprobe)
 
 
+def set_max_codes(index, max_codes: int) -> None:
+    """Sets a budget of codes scanned per query on a CPU ivf index (FAISS's `IndexIVF.max_codes`, 0: none; the
+    torch scan keeps it too: `kernels.ivf_scan.scan_budget`); QascError for other indexes (flat, hnsw, a GPU
+    index, which has no such budget)."""
+    ivf = _faiss().try_extract_index_ivf(index) if index is not None else None
+    if ivf is None or not hasattr(ivf, "max_codes"):
+        raise QascError("max_codes applies to an ivf index searched on the CPU")
+    ivf.max_codes = int(max_codes)
+
+
 def reconstruct_matches(entry: dict, got: np.ndarray, want: np.ndarray) -> bool:
     """An index's manifest entry, reconstructed (R, dim) and stored (R, dim) vectors -> whether the index holds
     the stored vectors: equal (1e-6) for full vectors; for quantised codes (SQ8 steps are 1/255 of each

@@ -308,3 +308,15 @@ def test_ivf_store_nprobe_override_and_recall(tmp_path, tiny_model):
     assert Engine.open(str(tmp_path / "s"), device="cpu", nprobe=1).store.index.nprobe == 1
     with pytest.raises(QascError, match="nprobe"):
         Store.open(tmp_path / "s", nprobe=params["nlist"] + 1)
+    from jobs.cli import main  # qasc query --max-codes: a budget of codes per query, through the same search
+
+    answers = {}
+    for budget in (None, 0, 1):
+        out = tmp_path / f"answers-{budget}.jsonl"
+        flags = [] if budget is None else ["--max-codes", str(budget)]
+        assert main(["query", "--store", str(tmp_path / "s"), "--question", "sourdough starter", "--out", str(out),
+                     *flags]) == 0
+        answers[budget] = out.read_text()
+    assert answers[0] == answers[None] and answers[1] != answers[None]  # 0: no budget; 1 code: other chunks
+    with pytest.raises(QascError, match="max_codes applies to an ivf index"):
+        faiss_index.set_max_codes(None, 5)
