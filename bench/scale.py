@@ -491,12 +491,15 @@ def query_child(spec: dict) -> dict:
         qasc, retrieval, _ = budget_setting(engine.config.qasc.replace(budget_tokens=spec["budget_tokens"]),
                                             engine.config.retrieval)
         engine.config = replace(engine.config, qasc=qasc, retrieval=retrieval)
+    if spec.get("ivf_source") and hasattr(engine.store, "ivf_source"):
+        engine.store.ivf_source = spec["ivf_source"]
     if spec["mode"] == "ivf-faiss":  # the peer: the same index searched by FAISS itself, not kernels.ivf_scan
         engine.store.ivf_search = "faiss"
     out = {"mode": spec["mode"], "open_s": time.perf_counter() - t0, "rss_open_gb": proc_status("VmRSS") / GiB,
            "api": query_api(), "exact_blocked_by_engine": engine_exact_is_blocked(),
            "nprobe": int(getattr(engine.store.index, "nprobe", 0) or 0),
-           "ivf_search": "torch" if getattr(engine.store, "sq8_lists", lambda: None)() is not None else "faiss"}
+           "ivf_search": (engine.store.ivf_scan() or "faiss") if hasattr(engine.store, "ivf_scan") else
+           "torch" if getattr(engine.store, "sq8_lists", lambda: None)() is not None else "faiss"}
     depth = min(engine.config.retrieval.depth, engine.n_total)
     scale = spread(engine.embeddings)
     queries, sources = noisy_queries(engine.embeddings, spec["pool"], spec["noise"], spec["seed"], scale)
@@ -559,7 +562,8 @@ def query_child(spec: dict) -> dict:
 def run_query_child(mode: str, store: Path, work: Path, n_queries: int, stream: int, args) -> dict:
     base = work / f"{store.name}.query-{mode}"
     spec = {"mode": mode, "store": str(store), "queries": n_queries, "pool": args.queries, "noise": args.noise,
-            "seed": args.seed + 7, "nprobe": args.nprobe, "repeats": args.repeats, "slice": args.slice,
+            "seed": args.seed + 7, "nprobe": args.nprobe, "ivf_source": args.ivf_source, "repeats": args.repeats,
+            "slice": args.slice,
             "threads": args.threads, "stream": stream, "hits": f"{base}.hits.npy", "budget_tokens": args.budget_tokens,
             "texts": args.query_texts, "stream_path": f"{base}.stream.parquet", "out": f"{base}.json"}
     spec_path = Path(f"{base}.spec.json")
@@ -657,6 +661,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--slice", type=int, default=2048, help="queries per engine slice (default 2048)")
     p.add_argument("--threads", type=int, default=0, help="torch threads in the query processes (0: torch default)")
     p.add_argument("--nprobe", type=int, default=0, help="IVF lists probed per query (0: the store's setting)")
+    p.add_argument("--ivf-source", choices=("codes", "vectors"), default=None,
+                   help="what the torch IVF scan reads (Store.ivf_source; `qasc query --ivf-source`): the store's own "
+                        "vectors (the default: one copy in memory) or the index's 8-bit codes")
     p.add_argument("--query-texts", default=True, action=argparse.BooleanOptionalAction,
                    help="each query carries its source sentence's text as its question, as `qasc query`'s questions "
                         "do, so that the gated lexical term runs and its BM25 index (built on first use) counts in "
@@ -730,7 +737,7 @@ def main(argv=None) -> dict:
     iv = phase("ivf", run_query_child, "ivf", store, work, args.queries, args.stream_queries, args)
     recall = recall_at_depth(np.load(iv["hits"]), np.load(ex["hits"]))
     peer = {}
-    if args.faiss_queries and iv.get("ivf_search") == "torch":
+    if args.faiss_queries and iv.get("ivf_search") in ("torch", "codes", "vectors"):
         peer = phase("ivf-faiss", run_query_child, "ivf-faiss", store, work, min(args.faiss_queries, args.queries), 0,
                      args)
         peer["hits_agree_with_torch_scan"] = recall_at_depth(np.load(iv["hits"])[: peer["queries"]],

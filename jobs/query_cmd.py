@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-codes", type=int, default=None,
                    help="ivf stores: at most this many codes scanned per query, the probed lists nearest first "
                         "(FAISS's max_codes; default: none); local path only")
+    p.add_argument("--ivf-source", choices=("codes", "vectors"), default=None,
+                   help="ivf stores: what the torch scan reads: the store's own vectors (default: the embeddings in "
+                        "memory once) or the index's 8-bit codes (paged in from the index file); local path only")
     p.add_argument("--ray", action="store_true", help="run as a Ray job: shards of queries on actors")
     p.add_argument("--ray-address", default=None, help="Ray cluster address ('auto' = the running cluster); "
                    "implies --ray; default: RAY_ADDRESS, else the cluster of a `ray job submit` job, else a "
@@ -169,6 +172,8 @@ def run(args: argparse.Namespace) -> int:
         raise QascError(f"--max-codes must be >= 0 (0: no budget), got {args.max_codes}")
     if ray and args.max_codes is not None:
         raise QascError("--max-codes applies to the local path only (Ray actors open the store with its own index)")
+    if ray and args.ivf_source is not None:
+        raise QascError("--ivf-source applies to the local path only (Ray actors open the store with its defaults)")
     if args.workers is not None and args.workers < 1:
         raise QascError(f"--workers must be >= 1, got {args.workers}")
     if args.workers is not None and not ray:
@@ -186,6 +191,8 @@ def run(args: argparse.Namespace) -> int:
         raise QascError(f"--nprobe applies to ivf stores; {args.store} has a {kind} index")
     if args.max_codes is not None and kind != "ivf":
         raise QascError(f"--max-codes applies to ivf stores; {args.store} has a {kind} index")
+    if args.ivf_source is not None and kind != "ivf":
+        raise QascError(f"--ivf-source applies to ivf stores; {args.store} has a {kind} index")
     stored = EngineConfig.from_dict(manifest.get("config", {}))
     params, retrieval, profiled = setting_from_args(args, stored.qasc, stored.retrieval)
     if profiled:
@@ -203,6 +210,8 @@ def run(args: argparse.Namespace) -> int:
         engine = Engine.open(args.store, device=args.device, nprobe=args.nprobe)
         if args.max_codes is not None:
             set_max_codes(engine.store.index, args.max_codes)
+        if args.ivf_source is not None:
+            engine.store.ivf_source = args.ivf_source
         batches = engine.query_stream(questions, ids, params, retrieval, slice_size=args.batch_size)
     if writer is not None:  # results go to the file slice by slice: memory does not grow with the queries
         with writer:

@@ -15,7 +15,7 @@ from kernels.extents import (
     run_norms,
 )
 from kernels.gather import gathered_dots, segment_first
-from kernels.ivf_scan import ivf_sq8_topk
+from kernels.ivf_scan import ivf_sq8_topk, ivf_vectors_topk
 from kernels.merging import coverage, fill_gaps, label_segments, segment_scores, segment_spans, segment_sums
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
@@ -41,6 +41,7 @@ __all__ = [
     "focus_on_best",
     "gathered_dots",
     "ivf_sq8_topk",
+    "ivf_vectors_topk",
     "label_segments",
     "percentile_seeds",
     "neighbour_dots",

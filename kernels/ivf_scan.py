@@ -164,17 +164,108 @@ def _hits(raw: torch.Tensor, limit: torch.Tensor) -> tuple[torch.Tensor, torch.T
     return live.index_select(0, a), c
 
 
-def scan_budget(probes: torch.Tensor, list_codes: Sequence[torch.Tensor], max_codes: int) -> torch.Tensor | None:
-    """probes (Q, P) int64 each query's probed lists, nearest first, list_codes C tensors (n_c, D), max_codes ->
+def scan_budget(probes: torch.Tensor, sizes: Sequence[int], max_codes: int) -> torch.Tensor | None:
+    """probes (Q, P) int64 each query's probed lists, nearest first, sizes C the lists' lengths, max_codes ->
     (Q, P) int64: how many of each probed list's codes the query scans under a budget of max_codes codes (FAISS's
     `IndexIVF.max_codes`: whole lists in probe order, the one that crosses the budget cut short, none after it);
     None when max_codes <= 0 (no budget: every probed list whole)."""
     if max_codes <= 0:
         return None
-    sizes = torch.tensor([c.shape[0] for c in list_codes], dtype=torch.long, device=probes.device)
-    size = sizes[probes]  # (Q, P)
+    size = torch.tensor(list(sizes), dtype=torch.long, device=probes.device)[probes]  # (Q, P)
     before = size.cumsum(1) - size  # codes scanned before each list
     return (max_codes - before).clamp(min=0).minimum(size)
+
+
+class _FloatCodes:
+    """8-bit codes scored in float32: each list's codes cast to a (D, n) float copy, score = off + q_scaled . code."""
+
+    def __init__(self, q_scaled: torch.Tensor, list_codes: Sequence[torch.Tensor]) -> None:
+        self.q_scaled, self.list_codes = q_scaled, list_codes
+
+    def side(self, lst: int) -> torch.Tensor:
+        return self.list_codes[lst].T.to(torch.float32)
+
+    def products(self, who: torch.Tensor, off: torch.Tensor | None, side: torch.Tensor) -> torch.Tensor:
+        return torch.addmm(off[:, None], self.q_scaled.index_select(0, who), side)  # (m, n) scores
+
+    def scores(self, raw: torch.Tensor, who: torch.Tensor, off: torch.Tensor | None) -> torch.Tensor:
+        return raw
+
+    def limit(self, threshold: torch.Tensor, who: torch.Tensor, off: torch.Tensor | None) -> torch.Tensor:
+        return threshold
+
+    def values(self, got: torch.Tensor, who: torch.Tensor, off: torch.Tensor | None) -> torch.Tensor:
+        return got
+
+
+class _Int8Codes(_FloatCodes):
+    """8-bit codes against 8-bit query weights: raw = q_int . (code - 128) int32 (no float copy of a list), score =
+    off + step * raw; thresholds compared in raw units, rounded down one step (a superset: the merge decides)."""
+
+    def __init__(self, q_int: torch.Tensor, step: torch.Tensor, list_codes: Sequence[torch.Tensor]) -> None:
+        super().__init__(q_int, list_codes)
+        self.step = step
+
+    def side(self, lst: int) -> torch.Tensor:
+        return _signed_codes(self.list_codes[lst])
+
+    def products(self, who: torch.Tensor, off: torch.Tensor | None, side: torch.Tensor) -> torch.Tensor:
+        return _int8_products(self.q_scaled.index_select(0, who), side)  # (m, n) int32
+
+    def scores(self, raw: torch.Tensor, who: torch.Tensor, off: torch.Tensor | None) -> torch.Tensor:
+        scaled = self.step.index_select(0, who)[:, None] * raw.to(torch.float32)
+        return scaled if off is None else off[:, None] + scaled
+
+    def limit(self, threshold: torch.Tensor, who: torch.Tensor, off: torch.Tensor | None) -> torch.Tensor:
+        scale = self.step.index_select(0, who)
+        above = threshold if off is None else threshold - off
+        return (above / scale).floor().clamp(-(2.0**30), 2.0**30).to(torch.int32) - 1
+
+    def values(self, got: torch.Tensor, who: torch.Tensor, off: torch.Tensor | None) -> torch.Tensor:
+        scaled = self.step.index_select(0, who) * got.to(torch.float32)
+        return scaled if off is None else off + scaled
+
+
+class _Vectors(_FloatCodes):
+    """Full vectors, the lists being rows of one (N, D) table: each list's rows gathered and cast to `dtype` (the
+    product's precision), score = q . x accumulated in float32 (no offset: lists hold vectors, not residuals)."""
+
+    def __init__(self, query: torch.Tensor, vectors: torch.Tensor, list_rows: Sequence[torch.Tensor],
+                 dtype: torch.dtype) -> None:
+        super().__init__(query.to(dtype), [])
+        self.vectors, self.list_rows, self.dtype = vectors, list_rows, dtype
+
+    def side(self, lst: int) -> torch.Tensor:
+        return self.vectors.index_select(0, self.list_rows[lst]).to(self.dtype)  # (n, D)
+
+    def products(self, who: torch.Tensor, off: torch.Tensor | None, side: torch.Tensor) -> torch.Tensor:
+        return (self.q_scaled.index_select(0, who) @ side.T).to(torch.float32)  # (m, n)
+
+
+class _Int8Vectors(_Int8Codes):
+    """Full vectors scored as 8-bit codes made per product: each list's gathered rows rounded to steps of
+    scale / 127 per dimension (`quantize_columns`), the query's weights q * scale / 127 to 8 bits per query; raw
+    int32 as `_Int8Codes` (no offset)."""
+
+    def __init__(self, query: torch.Tensor, vectors: torch.Tensor, list_rows: Sequence[torch.Tensor],
+                 scale: torch.Tensor) -> None:
+        q_int, step = quantize_rows(query * (scale / 127))
+        super().__init__(q_int, step, [])
+        self.vectors, self.list_rows, self.inverse = vectors, list_rows, column_inverse(scale)
+
+    def side(self, lst: int) -> torch.Tensor:
+        return quantize_columns(self.vectors.index_select(0, self.list_rows[lst]), self.inverse)
+
+
+def column_inverse(scale: torch.Tensor) -> torch.Tensor:
+    """scale (D,) float32 each dimension's largest |x| -> (D,) float32 127 / scale (0 where the scale is 0)."""
+    return torch.where(scale > 0, 127 / scale.clamp(min=1e-30), torch.zeros_like(scale))
+
+
+def quantize_columns(x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """x (n, D) float rows, inverse (D,) float32 (`column_inverse`) -> (n, D) int8 round(x * inverse), clamped to
+    [-127, 127]: x ~ codes * scale / 127, off by at most scale / 254 per dimension."""
+    return torch.round(x.to(torch.float32) * inverse).clamp_(-127, 127).to(torch.int8)
 
 
 def ivf_sq8_topk(
@@ -207,21 +298,73 @@ def ivf_sq8_topk(
     max_codes > 0: each query scans at most that many codes, as FAISS's `IndexIVF.max_codes`: its probed lists in
     order, nearest first, until max_codes codes are scanned, the list that crosses the budget cut to its first
     codes (0: every probed list whole). With lists of unequal sizes this bounds the work per query."""
-    device = centroids.device
-    q = query.to(device=device, dtype=torch.float32)
-    n_q, n_c = q.shape[0], centroids.shape[0]
-    if n_q == 0 or n_c == 0 or k < 1:
-        return (torch.full((n_q, max(k, 0)), float("-inf"), device=device),
-                torch.full((n_q, max(k, 0)), -1, dtype=torch.long, device=device))
-    nprobe = max(1, min(int(nprobe), n_c))
-    probe_s, probes = probe_lists(q, centroids.float(), nprobe)  # (Q, P)
+    q = query.to(device=centroids.device, dtype=torch.float32)
+    if q.shape[0] == 0 or centroids.shape[0] == 0 or k < 1:
+        return _no_hits(q.shape[0], k, centroids.device)
+    probe_s, probes = probe_lists(q, centroids.float(), max(1, min(int(nprobe), centroids.shape[0])))  # (Q, P)
     offset = (q @ vmin + (0.5 / 255) * (q @ vdiff))[:, None] + (probe_s if by_residual else torch.zeros_like(probe_s))
     del probe_s
     q_scaled = q * (vdiff / 255)  # (Q, D)
     if int8:  # q_scaled . code = step * (q_int . (code - 128)) + step * 128 * sum(q_int)
         q_scaled, step = quantize_rows(q_scaled)
         offset += (step * 128 * q_scaled.sum(1, dtype=torch.float32))[:, None]
-    budget = scan_budget(probes, list_codes, max_codes)  # (Q, P) codes to scan of each probed list, or None
+        scorer: _FloatCodes = _Int8Codes(q_scaled, step, list_codes)
+    else:
+        scorer = _FloatCodes(q_scaled, list_codes)
+    sizes = [int(c.shape[0]) for c in list_codes]
+    return _scan(probes, offset, sizes, list_rows, k, scan_budget(probes, sizes, max_codes), scorer)
+
+
+def ivf_vectors_topk(
+    query: torch.Tensor,
+    centroids: torch.Tensor,
+    vectors: torch.Tensor,
+    list_rows: Sequence[torch.Tensor],
+    nprobe: int,
+    k: int,
+    dtype: torch.dtype = torch.float32,
+    max_codes: int = 0,
+    int8_scale: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """query (Q, D) float, centroids (C, D) float32, vectors (N, D) float (the store's own: no second copy),
+    list_rows C tensors (n_c,) int64 (each list's rows of `vectors`), nprobe, k -> scores (Q, k) float32 (-inf
+    where the probed lists hold fewer than k rows), rows (Q, k) int64 (-1 there): the k best inner products q . x
+    over the rows of each query's `nprobe` nearest lists (an IVF whose lists index the stored vectors, as FAISS's
+    IndexIVFFlat scores them), by score descending, equal scores lower row first. Same scan as `ivf_sq8_topk`
+    (lists in turn, every query probing a list in one product, running thresholds; max_codes as there), each
+    list's rows gathered from `vectors` per product.
+
+    dtype: the products' precision. float32 gives exact scores (float32 sums); float16 (GPUs) or bfloat16 round the
+    query, the rows and each product's output to that type (scores off by a few units of its last place): callers
+    re-rank the hits from the full vectors (Store.search_tensor does).
+
+    int8_scale (D,) float32, each dimension's largest |x| over the vectors: int8 products instead (`dtype` unused):
+    each list's gathered rows rounded to 8 bits per dimension (`quantize_columns`), the query's weights q * scale /
+    127 to 8 bits per query (`quantize_rows`), an int8 x int8 -> int32 product per list as `ivf_sq8_topk`'s int8
+    path; scores approximate (both roundings), re-ranked by the caller."""
+    q = query.to(device=vectors.device, dtype=torch.float32)
+    if q.shape[0] == 0 or centroids.shape[0] == 0 or k < 1:
+        return _no_hits(q.shape[0], k, vectors.device)
+    probes = probe_lists(q, centroids.to(vectors.device, torch.float32),
+                         max(1, min(int(nprobe), centroids.shape[0])))[1]  # (Q, P)
+    sizes = [int(r.shape[0]) for r in list_rows]
+    scorer = _Vectors(q, vectors, list_rows, dtype) if int8_scale is None else _Int8Vectors(
+        q, vectors, list_rows, int8_scale.to(vectors.device, torch.float32))
+    return _scan(probes, None, sizes, list_rows, k, scan_budget(probes, sizes, max_codes), scorer)
+
+
+def _no_hits(n_q: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.full((n_q, max(k, 0)), float("-inf"), device=device),
+            torch.full((n_q, max(k, 0)), -1, dtype=torch.long, device=device))
+
+
+def _scan(probes: torch.Tensor, offset: torch.Tensor | None, sizes: Sequence[int], list_rows: Sequence[torch.Tensor],
+          k: int, budget: torch.Tensor | None, scorer: _FloatCodes) -> tuple[torch.Tensor, torch.Tensor]:
+    """probes (Q, P) int64 each query's lists nearest first, offset (Q, P) float32 each pair's score offset (None:
+    0), sizes C the lists' lengths, list_rows C tensors (n_c,) int64, k, budget (Q, P) codes to scan of each probed
+    list (None: all), scorer (the products of one kind of list) -> the k best (scores, rows) per query (Q, k)."""
+    device = probes.device
+    n_q, n_c = probes.shape[0], len(sizes)
     probes = probes.to(torch.int32)  # (Q, P): the (query, probed list) pairs, int32 to halve the pair arrays
     cand = _Candidates(n_q, k, device)
     for first in (True, False):  # each query's nearest list first (column 0): it sets the thresholds
@@ -235,50 +378,42 @@ def ivf_sq8_topk(
         by_list, pairs = torch.sort(cols.reshape(-1), stable=True)  # pairs grouped by list: index q * P' + j
         counts = torch.bincount(by_list, minlength=n_c + 1)[:n_c]
         del by_list
-        pair_off = (offset[:, :1] if first else offset[:, 1:]).reshape(-1)[pairs]  # (pairs,) in list order
+        pair_off = None if offset is None else (offset[:, :1] if first else offset[:, 1:]).reshape(-1)[pairs]
         who_all = torch.div(pairs, width, rounding_mode="floor").to(torch.int32)  # (pairs,) their queries
         pair_cut = None if part is None else part[pairs]  # (pairs,) the codes of its list each pair scans
         del pairs
-        ends, sizes = torch.cumsum(counts, 0).tolist(), counts.tolist()
+        ends, counts_l = torch.cumsum(counts, 0).tolist(), counts.tolist()
         scanned, next_merge = 0, 1
         for lst in counts.nonzero().squeeze(1).tolist():
-            codes, rows = list_codes[lst], list_rows[lst]
-            if codes.shape[0] == 0:
+            n, rows = sizes[lst], list_rows[lst]
+            if n == 0:
                 continue
-            side = _signed_codes(codes) if int8 else codes.T.to(torch.float32)  # (n, D) int8 | (D, n) float32
-            tile = max(1, SCAN_TILE_ELEMENTS // codes.shape[0])  # queries per product: (tile, n) scores at most
-            for lo in range(ends[lst] - sizes[lst], ends[lst], tile):
+            side = scorer.side(lst)
+            tile = max(1, SCAN_TILE_ELEMENTS // n)  # queries per product: (tile, n) scores at most
+            for lo in range(ends[lst] - counts_l[lst], ends[lst], tile):
                 who = who_all[lo : min(lo + tile, ends[lst])].long()  # (m,) queries probing this list
-                off = pair_off[lo : lo + who.shape[0]]  # (m,)
+                off = None if pair_off is None else pair_off[lo : lo + who.shape[0]]  # (m,) or None: 0
                 cut = None if pair_cut is None else pair_cut[lo : lo + who.shape[0]]  # (m,) codes each scans
-                if cut is not None and bool((cut >= codes.shape[0]).all()):
+                if cut is not None and bool((cut >= n).all()):
                     cut = None  # every query of the tile scans the whole list
-                if int8:  # (m, n) int32; score = off + step * raw
-                    raw = _int8_products(q_scaled.index_select(0, who), side)
-                    scale = step.index_select(0, who)
-                else:  # (m, n) float32 scores
-                    raw = torch.addmm(off[:, None], q_scaled.index_select(0, who), side)
+                raw = scorer.products(who, off, side)  # (m, n)
                 if first:  # each query once: its best k of this list go straight into its table row
-                    scores = off[:, None] + scale[:, None] * raw.to(torch.float32) if int8 else raw
+                    scores = scorer.scores(raw, who, off)
                     if cut is not None:  # codes past the budget: no score, no row
-                        beyond = torch.arange(codes.shape[0], device=device)[None, :] >= cut[:, None]
+                        beyond = torch.arange(n, device=device)[None, :] >= cut[:, None]
                         scores = scores.masked_fill(beyond, float("-inf"))
                     best, got = row_top_k(scores, k, rows)
                     if cut is not None:
                         got = torch.where(torch.isfinite(best), got, torch.full_like(got, -1))
                     cand.best_s[who, : best.shape[1]], cand.best_r[who, : best.shape[1]] = best, got
                     continue
-                limit = cand.threshold.index_select(0, who)
-                if int8:  # the threshold in raw units, rounded down one step (a superset: the merge decides)
-                    limit = ((limit - off) / scale).floor().clamp(-(2.0**30), 2.0**30).to(torch.int32) - 1
-                hit_q, hit_c = _hits(raw, limit)
+                hit_q, hit_c = _hits(raw, scorer.limit(cand.threshold.index_select(0, who), who, off))
                 if cut is not None and hit_q.numel():  # only the codes within each query's budget
                     inside = hit_c < cut.index_select(0, hit_q)
                     hit_q, hit_c = hit_q[inside], hit_c[inside]
                 if hit_q.numel():
-                    got = raw[hit_q, hit_c]
-                    cand.add(who[hit_q], off[hit_q] + scale[hit_q] * got.to(torch.float32) if int8 else got,
-                             rows[hit_c])
+                    cand.add(who[hit_q], scorer.values(raw[hit_q, hit_c], who[hit_q], None if off is None else
+                                                       off[hit_q]), rows[hit_c])
             scanned += 1
             if scanned >= next_merge:  # loose thresholds early: raise them after 1, 2, 4, ... lists
                 cand.merge()

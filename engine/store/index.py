@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -177,8 +178,10 @@ def write_index_file(index, path: Path) -> None:
     _faiss().write_index(index, str(path))
 
 
-def read_index_file(path: Path, sha: str):
-    """path, expected sha256 -> CPU index, read straight from the file; QascError when unreadable or corrupt."""
+def read_index_file(path: Path, sha: str, mmap: bool = False):
+    """path, expected sha256 -> CPU index, read straight from the file; QascError when unreadable or corrupt.
+    mmap: the index's arrays are views of the file mapped read-only (faiss IO_FLAG_MMAP_IFC), paged in only
+    where read (its lists' codes stay on disk while the torch scan reads the store's own vectors)."""
     try:
         digest = file_digest(path)["sha256"]
     except OSError as exc:
@@ -186,7 +189,10 @@ def read_index_file(path: Path, sha: str):
     if digest != sha:
         raise QascError(f"{path}: checksum mismatch (corrupt or truncated index); run qasc verify")
     try:
-        return _faiss().read_index(str(path))
+        faiss = _faiss()
+        if mmap and hasattr(faiss, "IO_FLAG_MMAP_IFC"):
+            return faiss.read_index(str(path), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
+        return faiss.read_index(str(path))
     except Exception as exc:  # faiss raises RuntimeError with a C++ message
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise QascError(f"{path}: corrupt or truncated FAISS index ({first[:200]})") from exc
@@ -284,6 +290,78 @@ def sq8_lists(index) -> Sq8Lists | None:
     centroids = ivf.quantizer.reconstruct_n(0, ivf.nlist).astype(np.float32)
     return Sq8Lists(torch.from_numpy(centroids), codes, rows, torch.from_numpy(trained[:d].copy()),
                     torch.from_numpy(trained[d:].copy()), bool(ivf.by_residual), index)
+
+
+class IvfRows(NamedTuple):
+    """The coarse structure of a CPU IVF index, for `kernels.ivf_vectors_topk` over the store's own vectors: the
+    lists' centroids and the global rows each list holds (copies: the index's codes are never read)."""
+
+    centroids: torch.Tensor  # (C, D) float32
+    rows: list[torch.Tensor]  # C tensors (n_c,) int64
+
+
+MAPS = "/proc/self/maps"
+
+
+def _mapped_file(address: int) -> tuple[str, int] | None:
+    """A virtual address -> (the file mapped there, the address's offset in it), from /proc/self/maps; None when
+    the address is not in a file mapping (or the maps are unreadable: not Linux)."""
+    try:
+        with open(MAPS, encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                parts = line.split(maxsplit=5)
+                lo, _, hi = parts[0].partition("-")
+                if int(lo, 16) <= address < int(hi, 16) and len(parts) == 6 and parts[5].strip().startswith("/"):
+                    return parts[5].strip(), address - int(lo, 16) + int(parts[2], 16)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _list_ids(lists, nlist: int) -> list[np.ndarray]:
+    """An ArrayInvertedLists -> each list's ids (n_c,) int64, copies. Where the ids are views of a mapped index
+    file, they are read from the file (pread) rather than through the mapping, so that none of the mapped codes
+    next to them is paged into this process (the kernel reads ahead around a touched page)."""
+    faiss = _faiss()
+    views = [faiss.rev_swig_ptr(lists.get_ids(c), lists.list_size(c)) if lists.list_size(c) else
+             np.zeros(0, np.int64) for c in range(nlist)]
+    first = next((v for v in views if len(v)), None)
+    where = None if first is None else _mapped_file(int(first.__array_interface__["data"][0]))
+    if where is None:
+        return [np.array(v, dtype=np.int64) for v in views]
+    base = int(first.__array_interface__["data"][0]) - where[1]  # the file's offset 0 in memory
+    out = []
+    with open(where[0], "rb") as fh:
+        for v in views:
+            if not len(v):
+                out.append(np.zeros(0, np.int64))
+                continue
+            at = int(v.__array_interface__["data"][0]) - base
+            data = os.pread(fh.fileno(), v.nbytes, at)
+            if len(data) != v.nbytes:
+                raise QascError(f"{where[0]}: the index file is shorter than its lists")
+            out.append(np.frombuffer(data, dtype=np.int64).copy())
+    return out
+
+
+def ivf_rows(index) -> IvfRows | None:
+    """A CPU IndexIVF (inner product, lists in memory, any codes) -> its centroids and each list's rows; None for
+    any other index (flat, hnsw, a GPU index). The rows are checked to be each of 0..ntotal-1 once (QascError
+    otherwise: the index does not index this store's rows)."""
+    faiss = _faiss()
+    ivf = faiss.downcast_index(index)
+    if not isinstance(ivf, faiss.IndexIVF) or ivf.metric_type != faiss.METRIC_INNER_PRODUCT:
+        return None
+    lists = faiss.downcast_InvertedLists(ivf.invlists)
+    if not isinstance(lists, faiss.ArrayInvertedLists):
+        return None
+    ids = _list_ids(lists, ivf.nlist)
+    every = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+    if len(every) != ivf.ntotal or (len(every) and (every.min() < 0 or every.max() >= ivf.ntotal
+                                                     or np.bincount(every, minlength=ivf.ntotal).max() != 1)):
+        raise QascError(f"the ivf index's lists do not hold each of its {ivf.ntotal} rows once")
+    centroids = ivf.quantizer.reconstruct_n(0, ivf.nlist).astype(np.float32)
+    return IvfRows(torch.from_numpy(centroids), [torch.from_numpy(r) for r in ids])
 
 
 def search(index, query_emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -439,14 +517,15 @@ def build_index_file(root: Path, shards: list[dict], old: dict | None, kind_requ
     return {**entry, "file": index_file}
 
 
-def load_index(root: Path, manifest: dict, nprobe: int | None = None):
+def load_index(root: Path, manifest: dict, nprobe: int | None = None, mmap: bool = False):
     """The store's index file, checked against the manifest (sha256, ntotal, dim), search parameters set
-    (nprobe: overrides the manifest's for an ivf index)."""
+    (nprobe: overrides the manifest's for an ivf index); mmap: an ivf index's file mapped, not read
+    (`read_index_file`)."""
     entry = manifest["index"]
     path = root / entry["file"]
     if entry["file"] not in manifest["checksums"]:
         raise QascError(f"{path}: the index has no checksum in the manifest; run qasc verify")
-    index = read_index_file(path, manifest["checksums"][entry["file"]]["sha256"])
+    index = read_index_file(path, manifest["checksums"][entry["file"]]["sha256"], mmap=mmap and entry["kind"] == "ivf")
     if index.ntotal != manifest["counts"]["sentences"] or index.d != manifest["dim"]:
         raise QascError(f"{path}: index holds {index.ntotal} x {index.d}, the store has "
                         f"{manifest['counts']['sentences']} x {manifest['dim']}")

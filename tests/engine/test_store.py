@@ -208,23 +208,39 @@ def test_index_flag_and_float16(tmp_path, tiny_model, kind, monkeypatch):
     assert (store.search(store.embeddings, 1)[1][:, 0] == np.arange(len(store))).mean() > 0.9
     assert all(ok for _, ok, _ in verify_store(tmp_path / "s"))
     if kind == "ivf":  # the 8-bit lists searched by the torch scan give FAISS's own hits
-        assert store.ivf_search == "auto" and store.sq8_lists() is None  # lists this short: FAISS's own search
+        assert store.ivf_search == "auto" and store.ivf_scan() is None  # lists this short: FAISS's own search
         from engine.store import reader
 
         monkeypatch.setattr(reader, "IVF_SCAN_MIN_LIST_ROWS", 1)  # "auto" scans once the lists are long enough
-        assert store.sq8_lists() is not None
+        assert store.ivf_scan() == "vectors"  # the store's own vectors, the index's lists as rows (the default)
+        store.ivf_source = "codes"  # the index's 8-bit codes
+        assert store.ivf_scan() == "codes"
         monkeypatch.setattr(reader, "IVF_SCAN_MIN_LIST_ROWS", 10**9)
         store.ivf_search = "torch"  # forced, whatever the list sizes
-        assert store.sq8_lists() is not None and store.ivf_int8 == cpu_has_int8_dot()  # int8 only with VNNI/AMX
+        assert store.ivf_scan() == "codes" and store.ivf_int8 == cpu_has_int8_dot()  # int8 only with VNNI/AMX
         store.ivf_int8 = True  # the int8 path, whatever this CPU (slow without VNNI, still correct)
         q = torch.from_numpy(store.embeddings[:60].astype(np.float32)) + 0.05
         monkeypatch.setattr(reader, "IVF_INT8_MIN_LIST_ROWS", 0)  # int8 even for these short lists
         int8_s, int8_r = store.search_tensor(q, 5)  # int8 query weights, re-ranked exactly
         store.ivf_int8 = False
         torch_s, torch_r = store.search_tensor(q, 5)  # float32: FAISS's scores
+        store.ivf_source = "vectors"  # int8 products where `ivf_int8` (the CPU has them), as the codes
+        store.ivf_int8 = True
+        assert store.ivf_scan() == "vectors" and store.vectors_int8()
+        vec_s, vec_r = store.search_tensor(q, 5)
+        store.ivf_int8 = False
+        monkeypatch.setattr(reader, "IVF_SCAN_DTYPE", "float32")  # exact scores in the scan
+        assert not store.vectors_int8()
+        vec32_s, vec32_r = store.search_tensor(q, 5)
+        assert (vec32_r == vec_r).float().mean() > 0.9
+        monkeypatch.setattr(reader, "IVF_SCAN_DTYPE", "auto")
+        store.ivf_source = "codes"
         store.ivf_search = "faiss"
-        assert store.sq8_lists() is None
+        assert store.ivf_scan() is None
         faiss_s, faiss_r = store.search_tensor(q, 5)
+        assert (vec_r == faiss_r).float().mean() > 0.9  # the same lists probed; FAISS ranks by 8-bit codes
+        same = vec_r == faiss_r
+        assert torch.allclose(vec_s[same], faiss_s[same], atol=1e-4)
         assert torch.allclose(torch_s, faiss_s, atol=1e-4) and (torch_r == faiss_r).float().mean() > 0.95
         assert (int8_r == faiss_r).float().mean() > 0.9
         same = int8_r == faiss_r  # a hit found by both has the same exact (re-ranked) score
@@ -235,6 +251,12 @@ def test_index_flag_and_float16(tmp_path, tiny_model, kind, monkeypatch):
         store.ivf_search = "torch"
         torch_s, torch_r = store.search_tensor(q, 5)
         assert torch.allclose(torch_s, budget_s, atol=1e-4) and (torch_r == budget_r).float().mean() > 0.95
+        store.ivf_source = "vectors"
+        vec_budget_r = store.search_tensor(q, 5)[1]
+        assert (vec_budget_r == budget_r).float().mean() > 0.9 and (vec_budget_r != vec_r).any()
+        store.ivf_source = "neither"
+        with pytest.raises(QascError, match="ivf_source must be one of"):
+            store.search_tensor(q, 5)
 
 
 def test_open_errors(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from unittest import mock
 
 import numpy as np
@@ -37,19 +38,19 @@ def inverted_lists(draw: st.DrawFn) -> dict:
 
 
 def assert_same_topk(fast: tuple[torch.Tensor, torch.Tensor], slow: tuple[torch.Tensor, torch.Tensor],
-                     exact: dict[int, float] | list[dict[int, float]]) -> None:
+                     exact: dict[int, float] | list[dict[int, float]], tol: float = TOL) -> None:
     """Same shapes, the same scores rank by rank (TOL), missing entries in the same places, and every returned row
     scored as the reference scores it: rows may differ only among near-equal scores (float32 sums vs float64)."""
     (fs, fr), (ss, sr) = fast, slow
     assert fs.shape == ss.shape == fr.shape == sr.shape and fs.dtype == torch.float32 and fr.dtype == torch.long
     assert torch.equal(fr < 0, sr < 0) and torch.equal(torch.isinf(fs), fr < 0)
     ok = fr >= 0
-    assert torch.allclose(fs[ok], ss[ok], atol=TOL)
+    assert torch.allclose(fs[ok], ss[ok], atol=tol)
     for qi in range(fr.shape[0]):
         got = [r for r in fr[qi].tolist() if r >= 0]
         assert len(set(got)) == len(got)
         for r, s in zip(got, fs[qi].tolist(), strict=False):
-            assert abs(exact[qi][r] - s) < TOL
+            assert abs(exact[qi][r] - s) < tol
         assert fs[qi][ok[qi]].tolist() == sorted(fs[qi][ok[qi]].tolist(), reverse=True)
 
 
@@ -69,6 +70,115 @@ def test_ivf_sq8_topk_matches_reference(case: dict, limits: tuple[int, int, int]
     exact = [{r: s for r, s in zip(rr.tolist(), ss.tolist(), strict=True) if r >= 0}
              for rr, ss in zip(every_r, every_s, strict=True)]
     assert_same_topk(fast, slow, exact)
+
+
+def vector_case(case: dict, dtype: torch.dtype, table_dtype: torch.dtype) -> dict:
+    """An inverted_lists case as an IVF over a table of vectors: the rows its lists name (and a few unlisted) get
+    random vectors of the store's dtype (`table_dtype`); the scan's products in `dtype`."""
+    n_rows = max([int(r.max()) + 1 for r in case["list_rows"] if len(r)] + [0]) + 2
+    g = torch.Generator().manual_seed(n_rows * 7 + case["query"].shape[0])
+    vectors = torch.randn(n_rows, case["query"].shape[1], generator=g).to(table_dtype)
+    keep = ("query", "centroids", "list_rows", "nprobe", "k", "max_codes")
+    if dtype == torch.int8:  # 8-bit products: each dimension's largest |x| as its scale (a zero column: scale 0)
+        vectors[:, 0] = 0
+        return {**{key: case[key] for key in keep}, "vectors": vectors,
+                "int8_scale": vectors.float().abs().amax(0) if len(vectors) else torch.zeros(vectors.shape[1])}
+    return {**{key: case[key] for key in keep}, "vectors": vectors, "dtype": dtype}
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(inverted_lists(), st.sampled_from([(1, 1, 1), (2, 3, 5), (256, 1 << 23, 1 << 22)]),
+       st.sampled_from([torch.float32, torch.bfloat16, torch.int8]), st.sampled_from([torch.float32, torch.float16]))
+def test_ivf_vectors_topk_matches_reference(case: dict, limits: tuple[int, int, int], dtype: torch.dtype,
+                                            table_dtype: torch.dtype) -> None:
+    """The scan over a table's own rows (an IVF whose lists index the stored vectors) gives its twin's top k,
+    products in float32, int8 (rows and query weights rounded to 8 bits, as the twin rounds them) or bfloat16
+    (inputs and outputs rounded alike; the float64 sum the twin rounds may land
+    one bf16 step from the float32 sum the product rounds: tolerance one step at |score| < 16), vectors stored
+    float32 or float16, whatever the merges and tiles, with and without a budget of codes."""
+    case = vector_case(case, dtype, table_dtype)
+    with mock.patch.object(scan, "REFRESH_LISTS", limits[0]), mock.patch.object(scan, "MAX_CANDIDATES", limits[1]), \
+            mock.patch.object(scan, "SCAN_TILE_ELEMENTS", limits[2]):
+        fast = scan.ivf_vectors_topk(**case)
+    slow = ref.ivf_vectors_topk(**case)
+    every_s, every_r = ref.ivf_vectors_topk(**{**case, "k": len(case["vectors"])})
+    exact = [{r: s for r, s in zip(rr.tolist(), ss.tolist(), strict=True) if r >= 0}
+             for rr, ss in zip(every_r, every_s, strict=True)]
+    assert_same_topk(fast, slow, exact, 2.0**-3 if dtype == torch.bfloat16 else TOL)
+
+
+def test_ivf_vectors_topk_empty_inputs() -> None:
+    empty = {"centroids": torch.zeros(2, 3), "vectors": torch.zeros(0, 3),
+             "list_rows": [torch.zeros(0, dtype=torch.long)] * 2, "nprobe": 2, "k": 4}
+    s, r = scan.ivf_vectors_topk(torch.zeros(0, 3), **empty)
+    assert s.shape == r.shape == (0, 4)
+    s, r = scan.ivf_vectors_topk(torch.ones(2, 3), **empty)  # lists without rows: nothing found
+    assert (r == -1).all() and torch.isinf(s).all() and s.shape == (2, 4)
+    one = {"centroids": torch.ones(1, 3), "vectors": torch.tensor([[1.0, 0.0, 0.0]]),
+           "list_rows": [torch.tensor([0])], "nprobe": 1, "k": 2}
+    s, r = scan.ivf_vectors_topk(torch.tensor([[2.0, 1.0, 0.0]]), **one)  # one row: found once, then nothing
+    assert r.tolist() == [[0, -1]] and s[0, 0].item() == 2.0 and torch.isinf(s[0, 1])
+
+
+def test_ivf_vectors_topk_equals_faiss_ivf_flat() -> None:
+    """The lists of a FAISS IVF index (engine.store.index.ivf_rows: its centroids and rows, any codes) scored over
+    the vectors give FAISS's IndexIVFFlat search, with and without a budget of codes; the rows read from a mapped
+    index file (pread beside the mapping) are the ones its lists hold."""
+    faiss = pytest.importorskip("faiss")
+    from engine.store import index as faiss_index
+
+    rng = np.random.default_rng(1)
+    data = rng.standard_normal((3000, 24)).astype(np.float32)
+    data /= np.linalg.norm(data, axis=1, keepdims=True)
+    flat = faiss.index_factory(24, "IVF16,Flat", faiss.METRIC_INNER_PRODUCT)
+    flat.train(data[:2000])
+    flat.add(data)
+    flat.nprobe = 5
+    lists = faiss_index.ivf_rows(flat)
+    assert sorted(torch.cat(lists.rows).tolist()) == list(range(3000))
+    query = rng.standard_normal((50, 24)).astype(np.float32)
+    for max_codes in (0, 1, 150, 700):
+        flat.max_codes = max_codes
+        want_s, want_r = flat.search(query, 20)
+        got_s, got_r = scan.ivf_vectors_topk(torch.from_numpy(query), lists.centroids, torch.from_numpy(data),
+                                             lists.rows, flat.nprobe, 20, max_codes=max_codes)
+        assert np.array_equal(got_r.numpy() < 0, want_r < 0)
+        ok = want_r >= 0
+        assert np.allclose(got_s.numpy()[ok], want_s[ok], atol=TOL)
+        assert (got_r.numpy() == want_r).mean() > 0.99  # rows may differ only among near-equal scores
+    assert faiss_index.ivf_rows(faiss.IndexFlatIP(24)) is None  # not an IVF: FAISS searches it
+
+
+def test_ivf_rows_of_a_mapped_index_file(tmp_path) -> None:
+    """An ivf index read mapped (IO_FLAG_MMAP_IFC) gives the same centroids and rows as one read whole; its ids are
+    read from the file (the mapping located in /proc/self/maps), and a file whose lists lie is refused."""
+    faiss = pytest.importorskip("faiss")
+    from engine.errors import QascError
+    from engine.store import index as faiss_index
+    from engine.store.files import file_digest
+
+    rng = np.random.default_rng(2)
+    data = rng.standard_normal((2000, 16)).astype(np.float32)
+    index = faiss.index_factory(16, "IVF8,SQ8", faiss.METRIC_INNER_PRODUCT)
+    index.train(data)
+    index.add(data)
+    path = tmp_path / "index.faiss"
+    faiss.write_index(index, str(path))
+    sha = file_digest(path)["sha256"]
+    whole = faiss_index.ivf_rows(faiss_index.read_index_file(path, sha))
+    calls = []
+    real = faiss_index._mapped_file
+    with mock.patch.object(faiss_index, "_mapped_file", lambda a: calls.append(real(a)) or calls[-1]):
+        mapped = faiss_index.ivf_rows(faiss_index.read_index_file(path, sha, mmap=True))
+    if sys.platform.startswith("linux"):
+        assert calls and calls[0] is not None and calls[0][0] == str(path)
+    assert torch.equal(whole.centroids, mapped.centroids)
+    assert all(torch.equal(a, b) for a, b in zip(whole.rows, mapped.rows, strict=True))
+    dup = faiss.index_factory(16, "IVF8,Flat", faiss.METRIC_INNER_PRODUCT)
+    dup.train(data)
+    dup.add_with_ids(data[:10], np.full(10, 3, dtype=np.int64))  # every vector under one id: not this store's rows
+    with pytest.raises(QascError, match="do not hold each"):
+        faiss_index.ivf_rows(dup)
 
 
 def test_ivf_sq8_topk_empty_inputs() -> None:
