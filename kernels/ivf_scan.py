@@ -23,6 +23,11 @@ With int8=True the query side is 8-bit too: q * vdiff / 255 rounded per query to
 product an int8 x int8 -> int32 GEMM over the codes' bytes shifted to int8 (no float copy of a list), thresholds
 compared in those integer units; scores are then approximate (bounded by the rounding), which the caller's exact
 re-rank absorbs (bench/RESULTS.md: the same recall@16 at 1M, 1.5-2x the float scan).
+
+`ivf_vectors_topk` runs the same loop (`_scan`) over an IVF whose lists index a table of full vectors (the store's
+own: no second copy): each list's rows are gathered per product, in float32 / float16 / bfloat16, or rounded to 8
+bits per dimension on the fly (`quantize_columns`) against 8-bit query weights for int8 products. What differs
+between the kinds of list is one scorer object each (`_FloatCodes`, `_Int8Codes`, `_Vectors`, `_Int8Vectors`).
 """
 
 from __future__ import annotations

@@ -252,6 +252,7 @@ class Store:
         self.ivf_source = IVF_SOURCE
         self._rows: faiss_index.IvfRows | None = None
         self._rows_of = None  # (index, device) _rows was built for
+        self._column_scale: torch.Tensor | None = None  # (dim,) float32, built on first use
         if headings is None:
             headings = Headings([], np.full(len(embeddings), -1, np.int32),
                                      np.zeros((0, embeddings.shape[1]), np.float32))
@@ -424,7 +425,7 @@ class Store:
     def column_scale(self) -> torch.Tensor:
         """(dim,) float32 each dimension's largest |x| over the vectors, computed once a block of rows at a time
         (the 8-bit steps of the int8 vectors scan)."""
-        if getattr(self, "_column_scale", None) is None or self._column_scale.device != self.vectors.device:
+        if self._column_scale is None or self._column_scale.device != self.vectors.device:
             scale = torch.zeros(self.vectors.shape[1], dtype=torch.float32, device=self.vectors.device)
             for lo in range(0, len(self.vectors), COLUMN_SCALE_BLOCK_ROWS):
                 block = self.vectors[lo : lo + COLUMN_SCALE_BLOCK_ROWS]
