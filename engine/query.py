@@ -55,6 +55,7 @@ DEFAULT_SLICE_SIZE = 2048  # queries per slice: embedded, answered and yielded (
 # 512 1.5x, 256 2.2x (bench/RESULTS.md). CUDA devices take the whole slice (fewer launches).
 KERNEL_SLICE_QUERIES_CPU = 1024
 SEARCH_BLOCK_QUERIES = 8192  # queries per search: whole slices (the ivf scan does 1.5x the queries/s at 10k as at 2k)
+SEARCH_TAIL_SHARE = 0.25  # a last search of fewer than this share of a block joins the one before (search_block_end)
 GOVERNED_MIN_QUERIES = 256  # smaller batches skip the thread governor (its start check sleeps ~1 ms)
 CONTEXT_POOL = 32  # heading context: the gate's pool, the top rows by raw cosine
 FILL_ROWS = 16  # budget fill: the single rows that compete with the passages (the pre-retrieval's best)
@@ -99,6 +100,15 @@ class LexicalTerm(NamedTuple):
     weight: float
     max_spread: float | None
 
+
+
+def search_block_end(lo: int, n: int, block: int) -> int:
+    """The queries lo..end of n one search takes: a block, or all the rest when what would be left after the
+    block is fewer than SEARCH_TAIL_SHARE of a block. The ivf scan's rate grows with the queries of a search (its
+    per-list cost is shared): 10,000 queries as 8,192 + 1,808 searched at 1,450 q/s, at once at 1,660
+    (bench/RESULTS.md, "The thread governor's start check")."""
+    end = min(lo + block, n)
+    return n if n - end < SEARCH_TAIL_SHARE * block else end
 
 class Engine:
     """A store opened for querying, with one loaded embedding model: `Engine.open(store).query(questions)`."""
@@ -547,6 +557,7 @@ class Engine:
             raise QascError(f"{len(questions)} question texts for {query_emb.shape[0]} query vectors")
         table = self.row_table
         block = slice_size * max(1, SEARCH_BLOCK_QUERIES // slice_size)  # searched at once: whole slices
+        block_lo, block_hi = 0, 0  # the queries of the current search
         step = slice_size if self.device.type == "cuda" else min(slice_size, KERNEL_SLICE_QUERIES_CPU)
         pool = None
         n = query_emb.shape[0]
@@ -558,8 +569,9 @@ class Engine:
                 if self.n_total == 0:
                     yield lo, ChunkColumns.empty(hi - lo)
                     continue
-                if lo % block == 0:  # one search for the next slices: the ivf scan is faster on many queries at once
-                    pool = self.search(query_emb[lo : lo + block], self.pool_width(params, retrieval))
+                if lo >= block_hi:  # one search for the next slices: the ivf scan is faster on many queries at once
+                    block_lo, block_hi = lo, search_block_end(lo, n, block)
+                    pool = self.search(query_emb[block_lo:block_hi], self.pool_width(params, retrieval))
                     governor.step()
                 parts = []
                 for a in range(lo, hi, step):  # kernels and assembly a bounded block of queries at a time
@@ -568,11 +580,11 @@ class Engine:
                     fill = params.budget_fill and (params.budget_tokens is not None or fill_units is not None) and (
                         self.passage_tier() is not None)  # passages load only for a fill (+0.4-0.5 GiB at 1M)
                     batch, cand = self.run_batch(query_emb[a:b], params, retrieval,
-                                                 pool[a % block : a % block + b - a], texts)
+                                                 pool[a - block_lo : b - block_lo], texts)
                     rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
                     cols = assemble_columns(batch, rows, table)
                     if fill:
-                        units = self.fill_units(query_emb[a:b], params, texts, pool[a % block : a % block + b - a])
+                        units = self.fill_units(query_emb[a:b], params, texts, pool[a - block_lo : b - block_lo])
                         if fill_units is not None:
                             fill_units.extend(units)
                         if params.budget_tokens is not None:

@@ -29,22 +29,46 @@ BUSY_SHARE = 0.10  # the thread waited this share of a slice for a core: another
 CALM_SHARE = 0.02  # ... under this share at one thread: the cores are free again
 SCHEDSTAT = "/proc/thread-self/schedstat"  # "<ns on a cpu> <ns waiting on a run queue> <time slices>"
 LOADAVG = "/proc/loadavg"  # "<1 min> <5 min> <15 min> <runnable>/<threads> <last pid>"
+TASKS = "/proc/self/task"  # one folder per thread of this process, each with its "stat" (field 3: the state)
 HISTORY_STEPS = 64  # steps kept in ThreadGovernor.history (a batch of any length holds no more)
 
 
 def runnable_others(samples: int = 3, gap_s: float = 0.0005) -> int | None:
-    """Runnable threads on the machine besides the calling one (the fewest of `samples` reads of /proc/loadavg's
-    "running/total", `gap_s` apart, so that a passing kernel thread does not count); None where it is missing."""
+    """Runnable threads of other processes (the fewest of `samples` reads of /proc/loadavg's "running/total" less
+    this process's own runnable threads, `gap_s` apart, so that a passing kernel thread does not count); None where
+    /proc/loadavg is missing. The process's own threads never count: torch's OpenMP workers spin runnable for a
+    while after each parallel region, so counting them made a batch started right after other torch work think
+    the cores were taken (bench/RESULTS.md, "The thread governor's start check")."""
     counts = []
     for i in range(samples):
         try:
             with open(LOADAVG) as f:
-                counts.append(int(f.read().split()[3].split("/")[0]) - 1)
+                running = int(f.read().split()[3].split("/")[0])
         except (OSError, ValueError, IndexError):
             return None
+        counts.append(running - max(own_runnable(), 1))  # the calling thread runs, whatever /proc/self says
         if i + 1 < samples:
             time.sleep(gap_s)
     return max(0, min(counts))
+
+
+def own_runnable(tasks: str | None = None) -> int:
+    """This process's threads in state R (running or runnable) per <tasks>/*/stat (default TASKS, read when
+    called); 0 where unreadable."""
+    count, tasks = 0, TASKS if tasks is None else tasks
+    try:
+        names = os.listdir(tasks)
+    except OSError:
+        return 0
+    for name in names:
+        try:
+            with open(f"{tasks}/{name}/stat") as f:
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = stat[stat.rfind(")") + 1 :].split()  # after "pid (comm)": the comm may hold spaces and parens
+        count += bool(fields) and fields[0] == "R"
+    return count
 
 
 def run_delay_ns() -> int | None:
@@ -61,8 +85,9 @@ class ThreadGovernor:
     """One batch of queries: `step()` after each slice picks torch's threads for the next; `close()` (or the end
     of a `with` block) restores the count the batch started with.
 
-    At the start, when the machine already runs more threads than it has cores counting this batch's
-    (`runnable_others`), the batch starts at one thread. read_delay, clock, set_threads, read_others: the run
+    At the start, when other processes already run more threads than the cores left beside this batch's
+    (`runnable_others`: this process's own threads, such as torch's spinning OpenMP workers, do not count), the
+    batch starts at one thread. read_delay, clock, set_threads, read_others: the run
     delay (ns), a wall clock (s), torch.set_num_threads and the runnable count, injectable for tests."""
 
     def __init__(self, read_delay: Callable[[], int | None] = run_delay_ns,

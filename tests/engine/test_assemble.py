@@ -170,6 +170,24 @@ def test_search_blocks_do_not_change_results(synthetic_engine, monkeypatch):
         assert eng.query_embedded(q, slice_size=4) == want, block
 
 
+def test_a_short_last_search_joins_the_one_before(synthetic_engine, monkeypatch):
+    """A tail of fewer than SEARCH_TAIL_SHARE of a block is searched with the block before it (one search of
+    8,192 + 1,808 queries is slower than one of 10,000), in whole slices, with the same chunks."""
+    import engine.query as query_mod
+
+    assert [query_mod.search_block_end(lo, n, 8) for lo, n in ((0, 17), (8, 17), (0, 18), (8, 18), (16, 18))] == [
+        8, 17, 8, 16, 18]
+    assert query_mod.search_block_end(0, 3, 8) == 3 and query_mod.search_block_end(0, 9, 8) == 9
+    eng, q = synthetic_engine, _queries(synthetic_engine, 17, seed=5)
+    want = eng.query_embedded(q, slice_size=17)
+    monkeypatch.setattr(query_mod, "SEARCH_BLOCK_QUERIES", 8)
+    sizes: list[int] = []
+    search = eng.search
+    monkeypatch.setattr(eng, "search", lambda emb, depth: sizes.append(emb.shape[0]) or search(emb, depth))
+    assert eng.query_embedded(q, slice_size=4) == want
+    assert sizes == [8, 9]  # slices 0-3 and 4-7, then 8-11, 12-15 and the last query's: 1 < 0.25 x 8
+
+
 def test_kernel_blocks_inside_a_slice_do_not_change_results(synthetic_engine, monkeypatch):
     """On CPU a slice's kernels and assembly run KERNEL_SLICE_QUERIES_CPU queries at a time, and the blocks'
     columns are joined (ChunkColumns.concat): any block size gives the same rows, one RecordBatch per slice

@@ -86,6 +86,34 @@ def test_the_kernel_reports_run_delay_and_runnable_threads_on_linux():
     assert delay >= 0 and others is not None and others >= 0
 
 
+def _fake_proc(tmp_path, running: int, states: list[str]) -> tuple[str, str]:
+    """A /proc/loadavg with `running` runnable threads and a /proc/self/task with one thread per state."""
+    (tmp_path / "loadavg").write_text(f"0.50 0.40 0.30 {running}/300 4242\n")
+    for i, state in enumerate(states):
+        (tmp_path / "task" / str(100 + i)).mkdir(parents=True)
+        (tmp_path / "task" / str(100 + i) / "stat").write_text(f"{100 + i} (py (x) t) {state} 1 2 3 4\n")
+    return str(tmp_path / "loadavg"), str(tmp_path / "task")
+
+
+@pytest.mark.parametrize("running, states, want", [
+    (3, ["R", "R", "S"], 1),  # 3 runnable on the machine, 2 of them ours: 1 other
+    (2, ["R", "R", "S", "S"], 0),  # ours alone (the caller and a spinning OpenMP worker): the cores are free
+    (1, ["S"], 0),  # the caller itself reads as sleeping here: it still counts as one of the running
+    (5, ["R"], 4),
+    (0, ["R", "R"], 0),  # never negative
+])
+def test_runnable_others_leaves_out_this_processs_own_threads(tmp_path, monkeypatch, running, states, want):
+    loadavg, tasks = _fake_proc(tmp_path, running, states)
+    monkeypatch.setattr(threads, "LOADAVG", loadavg)
+    monkeypatch.setattr(threads, "TASKS", tasks)
+    assert threads.own_runnable(tasks) == states.count("R")
+    assert threads.runnable_others(samples=2, gap_s=0.0) == want
+
+
+def test_own_runnable_is_zero_where_proc_is_missing(tmp_path):
+    assert threads.own_runnable(str(tmp_path / "missing")) == 0
+
+
 def test_engine_batches_run_under_the_governor_and_restore_torch_threads(monkeypatch):
     """Every slice counted as busy: the slices after the first run at one thread, and the caller's count is back
     once the batch ends, also when the consumer stops early; small batches are left alone."""

@@ -308,3 +308,20 @@ def test_ivf_sq8_topk_int8_close_to_exact_scores() -> None:
     top20 = scan.ivf_sq8_topk(**case, k=20, int8=True)[1]
     found = np.mean([len(set(a.tolist()) & set(b.tolist())) / 10 for a, b in zip(top10, top20, strict=True)])
     assert found >= 0.95
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_quantize_columns_rounds_per_dimension_and_leaves_its_input_alone(dtype: torch.dtype) -> None:
+    x = (torch.randn(50, 24, generator=torch.Generator().manual_seed(3)) * torch.linspace(0.01, 3, 24)).to(dtype)
+    before = x.clone()
+    scale = x.float().abs().amax(0)
+    scale[5] = 0  # a dimension that is 0 everywhere
+    x[:, 5] = 0
+    before[:, 5] = 0
+    codes = scan.quantize_columns(x, scan.column_inverse(scale))
+    assert torch.equal(x, before)  # rounded in a temporary, never in the caller's rows (float32 included)
+    assert codes.dtype == torch.int8 and codes.shape == x.shape and (codes.abs() <= 127).all()
+    assert (codes[:, 5] == 0).all()
+    want = torch.round(x.float() * (127 / scale.clamp(min=1e-30))).clamp(-127, 127)
+    want[:, 5] = 0
+    assert torch.equal(codes.float(), want)
