@@ -39,13 +39,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from jobs.env import set_env_defaults
+import numpy as np
 
-set_env_defaults()  # the qasc process defaults (OpenMP spin, ...) before numpy / torch load, in the children too
-
-import numpy as np  # noqa: E402
-
-from bench.common import CHROMA, REPO, emit_json, machine_info, median, print_table  # noqa: E402
+from bench.common import CHROMA, REPO, emit_json, machine_info, median, print_table
 
 GiB = float(1 << 30)
 CORPUS_VERSION = 3

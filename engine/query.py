@@ -101,7 +101,6 @@ class LexicalTerm(NamedTuple):
     max_spread: float | None
 
 
-
 def search_block_end(lo: int, n: int, block: int) -> int:
     """The queries lo..end of n one search takes: a block, or all the rest when what would be left after the
     block is fewer than SEARCH_TAIL_SHARE of a block. The ivf scan's rate grows with the queries of a search (its
@@ -109,6 +108,7 @@ def search_block_end(lo: int, n: int, block: int) -> int:
     (bench/RESULTS.md, "The thread governor's start check")."""
     end = min(lo + block, n)
     return n if n - end < SEARCH_TAIL_SHARE * block else end
+
 
 class Engine:
     """A store opened for querying, with one loaded embedding model: `Engine.open(store).query(questions)`."""

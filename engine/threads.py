@@ -67,7 +67,7 @@ def own_runnable(tasks: str | None = None) -> int:
         except OSError:  # the thread ended meanwhile
             continue
         fields = stat[stat.rfind(")") + 1 :].split()  # after "pid (comm)": the comm may hold spaces and parens
-        count += bool(fields) and fields[0] == "R"
+        count += fields[:1] == ["R"]
     return count
 
 
@@ -87,8 +87,8 @@ class ThreadGovernor:
 
     At the start, when other processes already run more threads than the cores left beside this batch's
     (`runnable_others`: this process's own threads, such as torch's spinning OpenMP workers, do not count), the
-    batch starts at one thread. read_delay, clock, set_threads, read_others: the run
-    delay (ns), a wall clock (s), torch.set_num_threads and the runnable count, injectable for tests."""
+    batch starts at one thread. read_delay, clock, set_threads, read_others: the run delay (ns), a wall clock
+    (s), torch.set_num_threads and the runnable count, injectable for tests."""
 
     def __init__(self, read_delay: Callable[[], int | None] = run_delay_ns,
                  clock: Callable[[], float] = time.perf_counter,

@@ -270,8 +270,10 @@ def column_inverse(scale: torch.Tensor) -> torch.Tensor:
 def quantize_columns(x: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
     """x (n, D) float rows, inverse (D,) float32 (`column_inverse`) -> (n, D) int8 round(x * inverse), clamped to
     [-127, 127]: x ~ codes * scale / 127, off by at most scale / 254 per dimension."""
-    y = x.to(torch.float32)  # one float32 temporary, rounded in place: each new MiB-sized temporary is fresh
-    y = y * inverse if y is x else y.mul_(inverse)  # memory from the allocator (page faults), 5-10x the arithmetic
+    # one float32 temporary, rounded in place: each further MiB-sized temporary is fresh memory from the allocator
+    # (page faults), 5-10x the arithmetic; a float32 x is not written to
+    y = x.to(torch.float32)
+    y = y * inverse if y is x else y.mul_(inverse)
     return y.round_().clamp_(-127, 127).to(torch.int8)
 
 
