@@ -20,9 +20,20 @@ from __future__ import annotations
 
 import torch
 
-from kernels.ivf_scan import row_top_k
+from kernels.gather import gathered_dots
+from kernels.ivf_scan import column_inverse, int8_products, quantize_rows, row_top_k
 
 SHORTLIST_FACTOR = 4  # best_paths: paths re-scored exactly per path wanted, from a low-precision product
+INT8_SHORTLIST_QUERIES = 128  # best_paths' int8 products: queries per block (at 50k paths, blocks of 100-160
+# queries ran the product at 2x bf16's speed on an AVX512-VNNI CPU, 136-192 at 1.2-1.5x: bench/RESULTS.md)
+
+
+def int8_heading_table(heading_emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """heading_emb (H, D) float -> (H, D) int8 codes and (D,) float32 scale (each dimension's largest |x|): the
+    table `best_paths` takes as its int8 shortlist (x ~ codes * scale / 127 per dimension)."""
+    emb = heading_emb.to(torch.float32)
+    scale = emb.abs().amax(0) if len(emb) else emb.new_zeros(emb.shape[1])
+    return (emb * column_inverse(scale)).round_().clamp_(-127, 127).to(torch.int8), scale
 
 
 def heading_gate(
@@ -79,30 +90,43 @@ def heading_residual(
 
 
 def best_paths(query: torch.Tensor, heading_emb: torch.Tensor, j: int, heading_low: torch.Tensor | None = None,
-               block_elements: int = 1 << 23) -> tuple[torch.Tensor, torch.Tensor]:
+               block_elements: int = 1 << 23,
+               low_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """query (Q, D) float32, heading_emb (H, D) float32, j -> scores (Q, j') float32 and paths (Q, j') int64,
     j' = min(j, H): each query's j' best heading paths by cosine, score descending, equal scores lower path first.
 
-    heading_low: the same table in a faster matmul dtype (bfloat16 on CPUs with native bf16 instructions), or
-    None. With it a shortlist of min(H, SHORTLIST_FACTOR j') paths per query comes from the low-precision
-    product (a block of queries x all H at a time, about `block_elements` scores) and is re-scored exactly in
-    float32; a path outside the shortlist would need a rounding error larger than the gap between the j'-th and
-    the (SHORTLIST_FACTOR j')-th best scores (bf16 keeps about 3 significant digits), so the j' best differ from
-    the exact ones only in such near-ties (and equal scores at the shortlist's cut are kept arbitrarily). Without
-    it the product is float32 and the result exact, equal scores at the cut keeping the lower paths."""
+    heading_low: the same table in a faster product type, or None: bfloat16 (CPUs with native bf16 instructions),
+    or int8 codes with low_scale (D,) float32 (`int8_heading_table`; CPUs with int8 dot products: an int8 x int8 ->
+    int32 product against the query's weights q * scale / 127 rounded to 8 bits per query, as the IVF scan's).
+    With it a shortlist of min(H, SHORTLIST_FACTOR j') paths per query comes from the low-precision product (a
+    block of queries x all H at a time, about `block_elements` scores) and is re-scored exactly in float32; a
+    path outside the shortlist would need a rounding error larger than the gap between the j'-th and the
+    (SHORTLIST_FACTOR j')-th best scores (bf16 and the 8-bit steps keep about 3 significant digits), so the j'
+    best differ from the exact ones only in such near-ties (and equal scores at the shortlist's cut are kept
+    arbitrarily). Without it the product is float32 and the result exact, equal scores at the cut keeping the
+    lower paths."""
     n_q, n_h = query.shape[0], heading_emb.shape[0]
     jj = min(j, n_h)
-    wide = min(n_h, SHORTLIST_FACTOR * jj) if heading_low is not None else jj
-    table = heading_low if heading_low is not None else heading_emb
+    low = heading_low is not None
+    int8 = low and heading_low.dtype == torch.int8
+    if int8 and low_scale is None:
+        raise ValueError("an int8 heading_low needs its low_scale (int8_heading_table)")
+    wide = min(n_h, SHORTLIST_FACTOR * jj) if low else jj
+    table = heading_low if low else heading_emb
     short = torch.empty((n_q, wide), dtype=torch.long, device=query.device)
     step = max(1, block_elements // max(n_h, 1))
-    low = heading_low is not None
+    if int8:  # the query side: q * scale / 127 per dimension, then 8 bits per query (the steps do not change
+        q_int = quantize_rows(query * (low_scale / 127))[0]  # the order within a query's row)
+        step = min(step, INT8_SHORTLIST_QUERIES)
     for lo in range(0, n_q, step):
-        scores = query[lo : lo + step].to(table.dtype) @ table.T  # (step, H)
+        if int8:
+            scores = int8_products(q_int[lo : lo + step], table)  # (step, H) int32
+        else:
+            scores = query[lo : lo + step].to(table.dtype) @ table.T  # (step, H)
         # exact: equal scores at the cut keep the lower paths; low precision: near-ties are approximate anyway
         short[lo : lo + step] = scores.topk(wide, dim=1).indices if low else row_top_k(scores, wide)[1]
     short = short.sort(dim=1).values  # path order, so that the stable sort below keeps equal scores lower first
-    exact = torch.bmm(heading_emb[short], query[:, :, None])[..., 0] if wide else query.new_zeros((n_q, 0))
+    exact = gathered_dots(heading_emb, query, short, torch.ones_like(short, dtype=torch.bool))  # (Q, wide) float32
     order = exact.sort(dim=1, descending=True, stable=True).indices[:, :jj]
     return exact.gather(1, order), short.gather(1, order)
 

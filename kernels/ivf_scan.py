@@ -151,7 +151,7 @@ def _signed_codes(codes: torch.Tensor) -> torch.Tensor:
 _HIGH_BITS = torch.tensor(-0x7F7F7F7F7F7F7F80, dtype=torch.int64)  # 0x8080808080808080: each byte's top bit
 
 
-def _int8_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def int8_products(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a (m, D) int8, b (n, D) int8 -> a @ b.T (m, n) int32: `torch._int_mm` (VNNI on CPUs that have it) when D is
     a multiple of 8 (torch 2.13's CPU kernel returns garbage for D = 1), else an int32 product."""
     if a.shape[1] % 8 == 0 and a.shape[1]:
@@ -215,7 +215,7 @@ class _Int8Codes(_FloatCodes):
         return _signed_codes(self.list_codes[lst])
 
     def products(self, who: torch.Tensor, off: torch.Tensor | None, side: torch.Tensor) -> torch.Tensor:
-        return _int8_products(self.q_scaled.index_select(0, who), side)  # (m, n) int32
+        return int8_products(self.q_scaled.index_select(0, who), side)  # (m, n) int32
 
     def scores(self, raw: torch.Tensor, who: torch.Tensor, off: torch.Tensor | None) -> torch.Tensor:
         scaled = self.step.index_select(0, who)[:, None] * raw.to(torch.float32)

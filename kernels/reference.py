@@ -837,9 +837,9 @@ def segment_first(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def best_paths(query: torch.Tensor, heading_emb: torch.Tensor, j: int, heading_low: torch.Tensor | None = None,
-               block_elements: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+               block_elements: int = 0, low_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Twin of kernels.context.best_paths: every path's cosine in float64, sorted (score descending, path
-    ascending), the first min(j, H) kept (heading_low is ignored: the twin is always exact)."""
+    ascending), the first min(j, H) kept (heading_low and low_scale are ignored: the twin is always exact)."""
     table = _rows(heading_emb.double())
     jj = min(j, len(table))
     scores, paths = [], []

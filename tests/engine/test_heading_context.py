@@ -161,21 +161,27 @@ def test_a_pooled_run_takes_the_heading_boost_once(policy_engine):
     assert off[0].text.startswith("Feed the starter") and "The dough should proof" in off[0].text
 
 
-def test_bf16_heading_shortlist_gives_the_same_chunks(policy_engine, monkeypatch):
-    """The bf16 shortlist of the best heading paths (CPUs with native bf16, large stores) returns what the
-    float32 product returns: forced on for this tiny store, every question's chunks are the same."""
+@pytest.mark.parametrize("kind", ["int8", "bf16"])
+def test_low_precision_heading_shortlist_gives_the_same_chunks(policy_engine, monkeypatch, kind):
+    """The int8 (CPUs with int8 dot products) and bf16 (native bf16) shortlists of the best heading paths, used on
+    large stores, return what the float32 product returns: forced on for this tiny store, every question's chunks
+    are the same."""
     import engine.query as query_module
 
     monkeypatch.setattr(query_module, "HEADING_SHORTLIST_MIN_PATHS", 0)
-    monkeypatch.setattr(query_module, "cpu_has_native_bf16", lambda: True)
+    monkeypatch.setattr(query_module, "cpu_has_int8_dot", lambda: kind == "int8")
+    monkeypatch.setattr(query_module, "cpu_has_native_bf16", lambda: kind == "bf16")
     policy_engine.__dict__.pop("_heading_low", None)
     try:
-        assert policy_engine.heading_low() is not None and policy_engine.heading_low().dtype == torch.bfloat16
+        table, scale = policy_engine.heading_low()
+        assert table.dtype == (torch.int8 if kind == "int8" else torch.bfloat16)
+        assert (scale is not None) == (kind == "int8")
         fast = policy_engine.query(QUESTIONS, retrieval=WIDE)
     finally:
         policy_engine.__dict__.pop("_heading_low", None)
+    monkeypatch.setattr(query_module, "cpu_has_int8_dot", lambda: False)
     monkeypatch.setattr(query_module, "cpu_has_native_bf16", lambda: False)
-    assert policy_engine.heading_low() is None
+    assert policy_engine.heading_low() == (None, None)
     exact = policy_engine.query(QUESTIONS, retrieval=WIDE)
     policy_engine.__dict__.pop("_heading_low", None)
     assert [[(c.doc_id, c.char_start, c.char_end) for c in cs] for cs in fast] == \

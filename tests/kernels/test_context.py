@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import kernels
 import kernels.reference as ref
-from kernels.context import context_boost, heading_gate, heading_residual
+from kernels.context import context_boost, heading_gate, heading_residual, int8_heading_table
 
 GRID = [k / 8 for k in range(-8, 9)]
 
@@ -114,12 +114,15 @@ def test_heading_residual_is_the_query_against_the_row_minus_its_heading() -> No
 @st.composite
 def path_cases(draw: st.DrawFn) -> dict:
     """Q in 0..4 queries, H in 1..12 heading paths, small integer entries: every dot product is exact in float32
-    and bfloat16, so ties are common and exact and the order must follow the contract (lower path first)."""
+    and bfloat16, so ties are common and exact and the order must follow the contract (lower path first); the
+    shortlist is float32, bfloat16 or int8 (`int8_heading_table`)."""
     q, h, dim = draw(st.integers(0, 4)), draw(st.integers(1, 12)), draw(st.integers(1, 5))
     g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     emb = torch.randint(-2, 3, (h, dim), generator=g).float()
+    low = draw(st.sampled_from([None, "bf16", "int8"]))
+    table, scale = int8_heading_table(emb) if low == "int8" else (emb.bfloat16() if low else None, None)
     return {"query": torch.randint(-2, 3, (q, dim), generator=g).float(), "heading_emb": emb,
-            "j": draw(st.integers(1, 14)), "heading_low": emb.bfloat16() if draw(st.booleans()) else None,
+            "j": draw(st.integers(1, 14)), "heading_low": table, "low_scale": scale,
             "block_elements": draw(st.integers(1, 40))}
 
 
@@ -129,7 +132,10 @@ def test_best_paths_matches_reference(case: dict) -> None:
     scores, paths = kernels.best_paths(**case)
     ref_scores, ref_paths = ref.best_paths(**case)
     assert scores.shape == ref_scores.shape == paths.shape and paths.dtype == torch.long
-    assert torch.equal(scores, ref_scores)  # bfloat16 is exact on these small integers
+    # the shortlist is re-scored in float32, exact on these small integers; int8 rounds each product by less
+    # than 0.5 here (5 dimensions of entries <= 2 in steps of 1/127 of the largest), so unequal scores keep their
+    # order in it too
+    assert torch.equal(scores, ref_scores)
     if case["heading_low"] is None:  # exact: equal scores keep the lower paths
         assert torch.equal(paths, ref_paths)
     else:  # the shortlist's cut among equal low-precision scores is arbitrary: only equal scores may swap
@@ -138,15 +144,18 @@ def test_best_paths_matches_reference(case: dict) -> None:
 
 
 def test_best_paths_shortlist_rescored_exactly() -> None:
-    """Through a bfloat16 shortlist the scores are the float32 ones, and the paths those of the exact product
+    """Through a bfloat16 or an int8 shortlist the scores are the float32 ones, and the paths those of the exact product
     (random unit vectors: no near-ties at the cut)."""
     g = torch.Generator().manual_seed(5)
     emb = torch.nn.functional.normalize(torch.randn(300, 32, generator=g), dim=1)
     query = torch.nn.functional.normalize(torch.randn(20, 32, generator=g), dim=1)
     exact_s, exact_p = kernels.best_paths(query, emb, 8)
-    s, p = kernels.best_paths(query, emb, 8, emb.bfloat16(), block_elements=1000)
-    assert torch.equal(p, exact_p) and torch.allclose(s, exact_s, atol=1e-6)
-    assert torch.allclose(s, (query @ emb.T).topk(8, dim=1).values, atol=1e-6)
+    for low, scale in ((emb.bfloat16(), None), int8_heading_table(emb)):
+        s, p = kernels.best_paths(query, emb, 8, low, block_elements=1000, low_scale=scale)
+        assert torch.equal(p, exact_p) and torch.allclose(s, exact_s, atol=1e-6)
+        assert torch.allclose(s, (query @ emb.T).topk(8, dim=1).values, atol=1e-6)
+    with pytest.raises(ValueError, match="low_scale"):
+        kernels.best_paths(query, emb, 8, int8_heading_table(emb)[0])
 
 
 @settings(max_examples=200, deadline=None, database=None)
