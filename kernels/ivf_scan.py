@@ -376,6 +376,8 @@ def _scan(probes: torch.Tensor, offset: torch.Tensor | None, sizes: Sequence[int
     n_q, n_c = probes.shape[0], len(sizes)
     probes = probes.to(torch.int32)  # (Q, P): the (query, probed list) pairs, int32 to halve the pair arrays
     cand = _Candidates(n_q, k, device)
+    every = torch.arange(n_q, device=device)
+    query_limit = None  # without offsets: each query's limit, computed once per merge rather than per tile
     for first in (True, False):  # each query's nearest list first (column 0): it sets the thresholds
         cols = probes[:, :1] if first else probes[:, 1:]  # (Q, P') lists of this phase's pairs
         width = cols.shape[1]
@@ -416,17 +418,22 @@ def _scan(probes: torch.Tensor, offset: torch.Tensor | None, sizes: Sequence[int
                         got = torch.where(torch.isfinite(best), got, torch.full_like(got, -1))
                     cand.best_s[who, : best.shape[1]], cand.best_r[who, : best.shape[1]] = best, got
                     continue
-                hit_q, hit_c = _hits(raw, scorer.limit(cand.threshold.index_select(0, who), who, off))
+                limit = query_limit.index_select(0, who) if query_limit is not None and off is None else (
+                    scorer.limit(cand.threshold.index_select(0, who), who, off))  # a stale one is lower: a superset
+                hit_q, hit_c = _hits(raw, limit)
                 if cut is not None and hit_q.numel():  # only the codes within each query's budget
                     inside = hit_c < cut.index_select(0, hit_q)
                     hit_q, hit_c = hit_q[inside], hit_c[inside]
                 if hit_q.numel():
-                    cand.add(who[hit_q], scorer.values(raw[hit_q, hit_c], who[hit_q], None if off is None else
-                                                       off[hit_q]), rows[hit_c])
+                    hit_who = who.index_select(0, hit_q)
+                    cand.add(hit_who, scorer.values(raw[hit_q, hit_c], hit_who, None if off is None else
+                                                    off.index_select(0, hit_q)), rows.index_select(0, hit_c))
             scanned += 1
             if scanned >= next_merge:  # loose thresholds early: raise them after 1, 2, 4, ... lists
                 cand.merge()
+                query_limit = scorer.limit(cand.threshold, every, None) if offset is None else None
                 next_merge = scanned + min(scanned, REFRESH_LISTS)
         del who_all, pair_off
         cand.merge()  # after the nearest lists: the first thresholds
+        query_limit = scorer.limit(cand.threshold, every, None) if offset is None else None
     return cand.merge()

@@ -27,6 +27,7 @@ import torch
 from engine.errors import QascError
 from engine.store.files import ResumableError, atomic_write_with, file_digest, read_table
 from engine.store.schema import embeddings_of
+from kernels.gather import gathered_dots
 from kernels.ivf_scan import row_top_k
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
@@ -538,7 +539,7 @@ def load_index(root: Path, manifest: dict, nprobe: int | None = None, mmap: bool
 
 
 EXACT_BLOCK_ELEMENTS = 1 << 24  # query x row similarities per block of the exact search (64 MiB of float32)
-RERANK_BLOCK_ELEMENTS = 1 << 22  # gathered hit vectors per block of `rerank` (16 MiB of float32)
+RERANK_BLOCK_ELEMENTS = 1 << 19  # gathered hit vector elements per block of `rerank` (kernels.gather.gathered_dots)
 
 
 def _block_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -586,17 +587,13 @@ def rerank(vectors: torch.Tensor, query: torch.Tensor, rows: torch.Tensor, k: in
     """vectors (N, dim), query (Q, dim), rows (Q, K >= k) int64 hits (-1 = none) -> the k best of them by exact
     inner product: scores (Q, k) float32 (-inf where missing), rows (Q, k) int64 (-1); equal scores lower row
     first. Fixes the order (and, taking K > k hits, most of the recall) that quantised codes lose. The hits'
-    vectors are gathered (and cast to float32) a block of queries at a time, about `block_elements` floats, so
+    vectors are gathered (and cast to float32) about `block_elements` floats at a time (`gathered_dots`), so
     the temporary memory does not grow with Q (10k queries x 32 hits x 384 would be 0.7 GiB at once)."""
-    ok = rows >= 0
     q = query.to(device=vectors.device, dtype=torch.float32)
     rows = rows.to(vectors.device)
-    got = torch.empty(rows.shape, dtype=torch.float32, device=vectors.device)  # (Q, K)
-    step = max(1, block_elements // max(rows.shape[1] * vectors.shape[1], 1))
-    for lo in range(0, rows.shape[0], step):  # (step, K, dim) gathered at a time, not (Q, K, dim)
-        gathered = vectors[rows[lo : lo + step].clamp(min=0)].float()
-        got[lo : lo + step] = torch.bmm(gathered, q[lo : lo + step, :, None])[..., 0]
-    got = torch.where(ok.to(vectors.device), got, torch.full_like(got, float("-inf")))
+    ok = rows >= 0
+    got = gathered_dots(vectors, q, rows.clamp(min=0), ok, block_elements)  # (Q, K): only the hits are gathered
+    got = torch.where(ok, got, torch.full_like(got, float("-inf")))
     keyed = torch.where(rows >= 0, rows, torch.full_like(rows, vectors.shape[0]))
     by_row = keyed.argsort(dim=1)  # then a stable sort by score: equal scores keep row order
     got, rows = got.gather(1, by_row), rows.gather(1, by_row)
