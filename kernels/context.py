@@ -89,6 +89,28 @@ def heading_residual(
     return torch.where(valid & (path >= 0), out, torch.zeros_like(out))
 
 
+SHORTLIST_GROUP = 64  # shortlist_top: columns per group whose maximum is taken first
+
+
+def shortlist_top(scores: torch.Tensor, wide: int, group: int = SHORTLIST_GROUP) -> torch.Tensor:
+    """scores (m, H) int32 | float, wide <= H -> (m, wide) int64 columns of `wide` best scores per row (equal
+    scores at the cut picked arbitrarily, as torch.topk). Each row's columns are cut into groups of `group`; the
+    `wide` groups with the largest maximum hold every score above the wide-th best and enough equal to it, so the
+    top is taken over those groups' columns (and the last, partial group's) rather than over all H: one pass of
+    maxima instead of a selection over every column (~3x torch.topk at H = 50k, wide = 32)."""
+    m, n = scores.shape
+    n_groups = n // group
+    if n_groups <= 2 * wide:
+        return scores.topk(wide, dim=1).indices
+    full = n_groups * group
+    maxima = scores.as_strided((m, n_groups, group), (scores.stride(0), group, scores.stride(1))).amax(2)
+    top_groups = maxima.topk(wide, dim=1).indices  # (m, wide)
+    cols = (top_groups[:, :, None] * group + torch.arange(group, device=scores.device)).reshape(m, wide * group)
+    if full < n:  # the partial last group: always a candidate
+        cols = torch.cat([cols, torch.arange(full, n, device=scores.device).expand(m, n - full)], dim=1)
+    return cols.gather(1, scores.gather(1, cols).topk(wide, dim=1).indices)
+
+
 def best_paths(query: torch.Tensor, heading_emb: torch.Tensor, j: int, heading_low: torch.Tensor | None = None,
                block_elements: int = 1 << 23,
                low_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,7 +146,8 @@ def best_paths(query: torch.Tensor, heading_emb: torch.Tensor, j: int, heading_l
         else:
             scores = query[lo : lo + step].to(table.dtype) @ table.T  # (step, H)
         # exact: equal scores at the cut keep the lower paths; low precision: near-ties are approximate anyway
-        short[lo : lo + step] = scores.topk(wide, dim=1).indices if low else row_top_k(scores, wide)[1]
+        short[lo : lo + step] = shortlist_top(scores, wide) if int8 else scores.topk(wide, dim=1).indices if low else (
+            row_top_k(scores, wide)[1])
     short = short.sort(dim=1).values  # path order, so that the stable sort below keeps equal scores lower first
     exact = gathered_dots(heading_emb, query, short, torch.ones_like(short, dtype=torch.bool))  # (Q, wide) float32
     order = exact.sort(dim=1, descending=True, stable=True).indices[:, :jj]
