@@ -320,7 +320,7 @@ class Engine:
             emb = self.heading_tensors()[0]
             self._heading_low = None, None
             if self.device.type == "cpu" and len(emb) > HEADING_SHORTLIST_MIN_PATHS:
-                if cpu_has_int8_dot():
+                if cpu_has_int8_dot() and emb.shape[1] % 8 == 0:  # torch._int_mm's CPU kernel needs dim % 8 == 0
                     self._heading_low = int8_heading_table(emb)
                 elif cpu_has_native_bf16():
                     self._heading_low = emb.to(torch.bfloat16), None
