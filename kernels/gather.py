@@ -14,14 +14,18 @@ import torch
 # gathered table elements per block (2 MiB of float32): a block small enough to stay in cache between the gather,
 # the product and the sum (2^19-2^20 ran 2x faster than 2^22 at 1M rows, bench/RESULTS.md)
 GATHER_BLOCK_ELEMENTS = 1 << 19
+GATHER_BLOCK_ELEMENTS_CUDA = 1 << 22  # on a GPU, fewer and larger blocks (each block is a few kernel launches)
 
 
 def gathered_dots(table: torch.Tensor, query: torch.Tensor, index: torch.Tensor, valid: torch.Tensor,
-                  block_elements: int = GATHER_BLOCK_ELEMENTS) -> torch.Tensor:
+                  block_elements: int | None = None) -> torch.Tensor:
     """table (N, D) any float dtype, query (Q, D) float32, index (Q, L) int64 rows of the table, valid (Q, L)
     bool -> (Q, L) float32: query[q] . table[index[q, l]] (the table row cast to float32) where valid, 0
     elsewhere. Invalid entries are never read (their index may be anything); the valid ones are gathered
-    about `block_elements` table elements at a time, so memory does not grow with Q or with the padding."""
+    about `block_elements` table elements at a time (None: GATHER_BLOCK_ELEMENTS on CPU, GATHER_BLOCK_ELEMENTS_CUDA
+    elsewhere), so memory does not grow with Q or with the padding."""
+    if block_elements is None:
+        block_elements = GATHER_BLOCK_ELEMENTS if table.device.type == "cpu" else GATHER_BLOCK_ELEMENTS_CUDA
     q, length = index.shape
     out = torch.zeros((q, length), dtype=torch.float32, device=query.device)
     if q == 0 or length == 0:

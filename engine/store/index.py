@@ -539,7 +539,6 @@ def load_index(root: Path, manifest: dict, nprobe: int | None = None, mmap: bool
 
 
 EXACT_BLOCK_ELEMENTS = 1 << 24  # query x row similarities per block of the exact search (64 MiB of float32)
-RERANK_BLOCK_ELEMENTS = 1 << 19  # gathered hit vector elements per block of `rerank` (kernels.gather.gathered_dots)
 
 
 def _block_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -583,11 +582,12 @@ def exact_topk(vectors: torch.Tensor, query: torch.Tensor, k: int,
 
 
 def rerank(vectors: torch.Tensor, query: torch.Tensor, rows: torch.Tensor, k: int,
-           block_elements: int = RERANK_BLOCK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
+           block_elements: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """vectors (N, dim), query (Q, dim), rows (Q, K >= k) int64 hits (-1 = none) -> the k best of them by exact
     inner product: scores (Q, k) float32 (-inf where missing), rows (Q, k) int64 (-1); equal scores lower row
     first. Fixes the order (and, taking K > k hits, most of the recall) that quantised codes lose. The hits'
-    vectors are gathered (and cast to float32) about `block_elements` floats at a time (`gathered_dots`), so
+    vectors are gathered (and cast to float32) about `block_elements` floats at a time (`gathered_dots`; None: its
+    default for the device), so
     the temporary memory does not grow with Q (10k queries x 32 hits x 384 would be 0.7 GiB at once)."""
     q = query.to(device=vectors.device, dtype=torch.float32)
     rows = rows.to(vectors.device)
