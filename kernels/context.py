@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from kernels.gather import gathered_dots
-from kernels.ivf_scan import column_inverse, int8_products, quantize_rows, row_top_k
+from kernels.ivf_scan import column_inverse, int8_products, quantize_columns, quantize_rows, row_top_k
 
 SHORTLIST_FACTOR = 4  # best_paths: paths re-scored exactly per path wanted, from a low-precision product
 INT8_SHORTLIST_QUERIES = 128  # best_paths' int8 products: queries per block (at 50k paths, blocks of 100-160
@@ -33,7 +33,7 @@ def int8_heading_table(heading_emb: torch.Tensor) -> tuple[torch.Tensor, torch.T
     table `best_paths` takes as its int8 shortlist (x ~ codes * scale / 127 per dimension)."""
     emb = heading_emb.to(torch.float32)
     scale = emb.abs().amax(0) if len(emb) else emb.new_zeros(emb.shape[1])
-    return (emb * column_inverse(scale)).round_().clamp_(-127, 127).to(torch.int8), scale
+    return quantize_columns(emb, column_inverse(scale)), scale
 
 
 def heading_gate(
@@ -146,8 +146,12 @@ def best_paths(query: torch.Tensor, heading_emb: torch.Tensor, j: int, heading_l
         else:
             scores = query[lo : lo + step].to(table.dtype) @ table.T  # (step, H)
         # exact: equal scores at the cut keep the lower paths; low precision: near-ties are approximate anyway
-        short[lo : lo + step] = shortlist_top(scores, wide) if int8 else scores.topk(wide, dim=1).indices if low else (
-            row_top_k(scores, wide)[1])
+        if int8:
+            short[lo : lo + step] = shortlist_top(scores, wide)
+        elif low:
+            short[lo : lo + step] = scores.topk(wide, dim=1).indices
+        else:
+            short[lo : lo + step] = row_top_k(scores, wide)[1]
     short = short.sort(dim=1).values  # path order, so that the stable sort below keeps equal scores lower first
     exact = gathered_dots(heading_emb, query, short, torch.ones_like(short, dtype=torch.bool))  # (Q, wide) float32
     order = exact.sort(dim=1, descending=True, stable=True).indices[:, :jj]

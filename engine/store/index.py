@@ -587,8 +587,8 @@ def rerank(vectors: torch.Tensor, query: torch.Tensor, rows: torch.Tensor, k: in
     inner product: scores (Q, k) float32 (-inf where missing), rows (Q, k) int64 (-1); equal scores lower row
     first. Fixes the order (and, taking K > k hits, most of the recall) that quantised codes lose. The hits'
     vectors are gathered (and cast to float32) about `block_elements` floats at a time (`gathered_dots`; None: its
-    default for the device), so
-    the temporary memory does not grow with Q (10k queries x 32 hits x 384 would be 0.7 GiB at once)."""
+    default for the device), so the temporary memory does not grow with Q (10k queries x 32 hits x 384 would be
+    0.7 GiB at once)."""
     q = query.to(device=vectors.device, dtype=torch.float32)
     rows = rows.to(vectors.device)
     ok = rows >= 0
