@@ -930,3 +930,10 @@ def ivf_vectors_topk(query, centroids, vectors, list_rows, nprobe, k, dtype=torc
                     found.append((-float(torch.tensor(score, dtype=torch.float64).to(dtype)), row))
         per_query.append(found)
     return _best_of(per_query, k, device)
+
+
+def shortlist_top(scores: torch.Tensor, wide: int, group: int = 0) -> torch.Tensor:
+    """Twin of kernels.context.shortlist_top: per row, all columns sorted by (score descending, column ascending),
+    the first `wide` kept (group is ignored; the kernel may pick other columns among equal scores at the cut)."""
+    out = [sorted(range(len(row)), key=lambda c: (-row[c], c))[:wide] for row in scores.tolist()]
+    return _to_tensor(out, (scores.shape[0], wide), torch.long, scores.device)

@@ -184,3 +184,12 @@ def test_ingest_memory_bench(tmp_path):
     for step in ("index: training starts (sample gathered)", "index: adding done", "index: written"):
         assert step in phases
     assert rec["driver_peak_rss_gb"] >= max(m["rss_gb"] for m in rec["phases"]) > 0
+
+
+def test_query_parts_bench():
+    from bench import query_parts
+
+    rec = query_parts.main(["--rows", "3000", "--paths", "600", "--queries", "16", "--entries", "20", "--dim", "16",
+                            "--repeats", "1"])
+    assert {r["part"] for r in rec["rows"]} == {"dots", "paths", "top"}
+    assert all(r["exact_share"] > 0.9 for r in rec["rows"] if r["part"] == "paths")
