@@ -429,7 +429,8 @@ def _scan(probes: torch.Tensor, offset: torch.Tensor | None, sizes: Sequence[int
                     cand.add(hit_who, scorer.values(raw[hit_q, hit_c], hit_who, None if off is None else
                                                     off.index_select(0, hit_q)), rows.index_select(0, hit_c))
             scanned += 1
-            if scanned >= next_merge:  # loose thresholds early: raise them after 1, 2, 4, ... lists
+            if not first and scanned >= next_merge:  # loose thresholds early: raise them after 1, 2, 4, ... lists
+                # (the first phase writes its tables directly and reads no threshold: one merge at its end)
                 cand.merge()
                 query_limit = scorer.limit(cand.threshold, every, None) if offset is None else None
                 next_merge = scanned + min(scanned, REFRESH_LISTS)
