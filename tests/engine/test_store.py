@@ -178,6 +178,10 @@ def test_round_trip_exact_offsets_and_schemas(small_store, tiny_model):
         assert pq.read_schema(small_store / shard["documents"]).names == DOCUMENTS_SCHEMA.names
         assert pq.read_schema(small_store / shard["sentences"]).equals(sentences_schema(32, "float32"),
                                                                        check_metadata=False)
+        chunks = pq.read_metadata(small_store / shard["sentences"]).row_group(0)
+        dictionary = {chunks.column(i).path_in_schema: chunks.column(i).has_dictionary_page
+                      for i in range(chunks.num_columns)}
+        assert dictionary["doc_id"] and not dictionary["embedding.list.element"]  # vectors: plain values
     assert store.index is None  # a flat store searches exactly over its own vectors (no FAISS copy)
     scores, rows = store.search(store.embeddings, 3)
     np.testing.assert_array_equal(rows[:, 0], np.arange(len(store)))
@@ -345,3 +349,21 @@ def test_a_stored_config_with_unknown_splitter_settings_is_refused():
     data["splitter"]["clause_breaks"] = True
     with pytest.raises(QascError, match=r"splitter settings \['clause_breaks'\] are unknown"):
         EngineConfig.from_dict(data)
+
+
+def test_parquet_vectors_are_written_without_a_dictionary(tmp_path):
+    import pyarrow as pa
+
+    from engine.store.files import atomic_parquet, dictionary_columns
+
+    values = pa.array(np.random.default_rng(0).random(600 * 8).astype(np.float16))
+    table = pa.table({"doc_id": pa.array(["a", "b"] * 300), "row": pa.array(range(600), pa.int32()),
+                      "embedding": pa.FixedSizeListArray.from_arrays(values, 8),
+                      "ragged": pa.array([[1.0, 2.0]] * 600, pa.list_(pa.float32()))})
+    assert dictionary_columns(table.schema) == ["doc_id", "row"]
+    atomic_parquet(table, tmp_path / "t.parquet", 256)
+    assert pq.read_table(tmp_path / "t.parquet").equals(table)
+    chunks = pq.read_metadata(tmp_path / "t.parquet").row_group(0)
+    dictionary = {chunks.column(i).path_in_schema: chunks.column(i).has_dictionary_page
+                  for i in range(chunks.num_columns)}
+    assert dictionary == {"doc_id": True, "row": True, "embedding.list.element": False, "ragged.list.element": False}
