@@ -143,17 +143,12 @@ def best_paths(query: torch.Tensor, heading_emb: torch.Tensor, j: int, heading_l
         q_int = quantize_rows(query * (low_scale / 127))[0]  # the order within a query's row)
         step = min(step, INT8_SHORTLIST_QUERIES)
     for lo in range(0, n_q, step):
-        if int8:
-            scores = int8_products(q_int[lo : lo + step], table)  # (step, H) int32
-        else:
-            scores = query[lo : lo + step].to(table.dtype) @ table.T  # (step, H)
         # exact: equal scores at the cut keep the lower paths; low precision: near-ties are approximate anyway
         if int8:
-            short[lo : lo + step] = shortlist_top(scores, wide)
-        elif low:
-            short[lo : lo + step] = scores.topk(wide, dim=1).indices
+            short[lo : lo + step] = shortlist_top(int8_products(q_int[lo : lo + step], table), wide)  # int32 scores
         else:
-            short[lo : lo + step] = row_top_k(scores, wide)[1]
+            scores = query[lo : lo + step].to(table.dtype) @ table.T  # (step, H)
+            short[lo : lo + step] = scores.topk(wide, dim=1).indices if low else row_top_k(scores, wide)[1]
     short = short.sort(dim=1).values  # path order, so that the stable sort below keeps equal scores lower first
     exact = gathered_dots(heading_emb, query, short, torch.ones_like(short, dtype=torch.bool))  # (Q, wide) float32
     order = exact.sort(dim=1, descending=True, stable=True).indices[:, :jj]

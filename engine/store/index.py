@@ -594,7 +594,7 @@ def rerank(vectors: torch.Tensor, query: torch.Tensor, rows: torch.Tensor, k: in
     ok = rows >= 0
     got = gathered_dots(vectors, q, rows.clamp(min=0), ok, block_elements)  # (Q, K): only the hits are gathered
     got = torch.where(ok, got, torch.full_like(got, float("-inf")))
-    keyed = torch.where(rows >= 0, rows, torch.full_like(rows, vectors.shape[0]))
+    keyed = torch.where(ok, rows, torch.full_like(rows, vectors.shape[0]))
     by_row = keyed.argsort(dim=1)  # then a stable sort by score: equal scores keep row order
     got, rows = got.gather(1, by_row), rows.gather(1, by_row)
     order = torch.sort(got, dim=1, descending=True, stable=True).indices[:, :k]
