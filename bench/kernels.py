@@ -30,7 +30,7 @@ BASE = QascParams(percentile=95.0, min_seeds=1, max_seeds=None, radius=0, adapti
                   clip_to_paragraph=False, decay=0.3, factor=0.6, merge=True, gap=0, snap="none", max_tokens=512,
                   score="seed_sim", top_k=1, budget_tokens=None, score_margin=None, extent="window", max_extent=3,
                   extent_penalty=0.0, max_picks=10, focus_gap=None, far_margin=None, block_extents="none",
-                  length_bonus=0.0, boost_runs_once=True, blocks_need_heading=True)
+                  length_bonus=0.0)
 DOTS_WIDTH = 3  # every setting below scores runs of at most 3 sentences
 SETTINGS = {
     "default": QascParams(),  # whatever the current defaults are

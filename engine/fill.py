@@ -1,13 +1,12 @@
 """The budget fill (engine.passages): rank a store's passages for a batch of queries, merge them by score with
-each query's best single rows (the pre-retrieval ranking's, Engine.fill_rows; where the heading spread is below
-QascParams.fill_spread, always by default), and append the best units to each query's chunks until its token
-budget is spent.
+each query's best single rows (the pre-retrieval ranking's, Engine.fill_rows), and append the best units to each
+query's chunks until its token budget is spent.
 
 Ranking mirrors the sentences': the PASSAGE_POOL best passages by cosine (an exact scan in blocks of
 PASSAGE_BLOCK_ELEMENTS scores, memory bounded whatever the store's size), then, as for the rows, the query-gated
-heading context (the gate over the first CONTEXT_POOL of them, a passage's heading path the one in force at its
-first row), the heading residual and the gated lexical term (BM25 over the passages' texts), all with the query's
-QascParams; ties keep the higher cosine first.
+heading signals (the gate over the first CONTEXT_POOL of them, a passage's heading path the one in force at its
+first row) and the lexical one (BM25 over the passages' texts), combined by the scoring model (kernels.signals)
+with the query's QascParams; ties keep the higher cosine first.
 """
 
 from __future__ import annotations
@@ -22,10 +21,11 @@ from engine.assemble import ChunkColumns, RowTable
 from engine.lexical import LexicalIndex
 from engine.passages import Passages, fill_budget
 from engine.store.index import exact_topk
-from kernels.context import context_boost, heading_gate, heading_residual
+from kernels.context import heading_gate
 from kernels.gather import gathered_dots
-from kernels.lexical import lexical_boost, lexical_scores
+from kernels.lexical import lexical_scores
 from kernels.params import QascParams
+from kernels.signals import normalised_lexical, row_scores
 
 PASSAGE_POOL = 64  # passages re-ranked per query: the best by cosine
 PASSAGE_BLOCK_ELEMENTS = 1 << 24  # cosine scan: about this many scores held at once
@@ -42,7 +42,7 @@ class PassageTier:
     the lexical index on first use, never held (at 1M rows a second copy of the documents' text)."""
 
     def __init__(self, passages: Passages, texts: Sequence[str] | Callable[[], Iterable[str]], device: torch.device,
-                 headings: tuple[torch.Tensor, ...] | None) -> None:
+                 headings: tuple[torch.Tensor, ...] | None, heading_paths: Sequence[str] = ()) -> None:
         self.device = device
         self.first = torch.as_tensor(np.asarray(passages.first, np.int64), device=device)
         self.count = np.asarray(passages.count, np.int64)
@@ -61,6 +61,8 @@ class PassageTier:
                 self.hs[lo:hi] = gathered_dots(heading_emb, self.emb[lo:hi].float(),
                                                self.path[lo:hi].clamp(min=0)[:, None], ok[lo:hi, None])[:, 0]
         self._lexical: LexicalIndex | None = None
+        self.heading_paths = list(heading_paths)  # (H,) the paths' texts: their terms leave the lexical signal
+        self._heading_terms: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.count)
@@ -71,6 +73,12 @@ class PassageTier:
             self._lexical = LexicalIndex.build(texts, self.device)
         return self._lexical
 
+    def heading_terms(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The heading paths' terms in the passages' lexical vocabulary (CSR: path_ptr (H+1,), path_terms)."""
+        if self._heading_terms is None:
+            self._heading_terms = self.lexical().query_terms(self.heading_paths)[:2]
+        return self._heading_terms
+
     def top_cosine(self, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """query (Q, dim) float32, k <= P -> cos (Q, k) float32 descending and ids (Q, k) int64: the k best passages
         (`engine.store.index.exact_topk`: blocked, equal scores lower id first)."""
@@ -79,27 +87,24 @@ class PassageTier:
     def rank(self, query: torch.Tensor, params: QascParams, questions: Sequence[str] | None,
              heading_emb: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """query (Q, dim) float32 -> ids (Q, K) int64 and scores (Q, K) float32, best first, K = min(P,
-        PASSAGE_POOL): cosine + heading context + heading residual + gated lexical term (params' weights; the
-        context only with heading_emb, the lexical term only with the questions' texts)."""
+        PASSAGE_POOL): the scoring model's (kernels.signals) plain score + heading boost, with params' weights (the
+        heading signals only with heading_emb, the lexical one only with the questions' texts)."""
         cos, ids = self.top_cosine(query, min(PASSAGE_POOL, len(self)))
         valid = torch.ones_like(ids, dtype=torch.bool)
-        score = cos
-        spread = torch.zeros(query.shape[0], device=query.device)
+        heading, lex = {}, None
         if heading_emb is not None and params.context_weight > 0:
             path = self.path[ids]
             c = gathered_dots(heading_emb, query, path.clamp(min=0), path >= 0)
             g = min(CONTEXT_POOL, ids.shape[1])
             spread, cref = heading_gate(c[:, :g], path[:, :g], valid[:, :g])
-            score = score + context_boost(c, path, valid, spread, cref, params.context_weight)
-            if params.heading_residual > 0:
-                score = score + heading_residual(c, self.hs[ids], path, valid, params.heading_residual)
+            heading = {"c": c, "path": path, "hs": self.hs[ids], "spread": spread, "cref": cref}
         if questions is not None and params.lexical_weight > 0:
             index = self.lexical()
             ptr, terms, best = index.query_terms(questions)
-            bm25 = lexical_scores(index.row_ptr, index.row_terms, index.row_weights, ptr, terms, index.vocab_size,
-                                  ids, valid)
-            score = score + lexical_boost(bm25, valid, best, spread.to(bm25.device), params.lexical_weight,
-                                          params.lexical_spread)
+            heads = (heading["path"], *self.heading_terms()) if heading else ()  # the heading's words are its own
+            lex = normalised_lexical(lexical_scores(index.row_ptr, index.row_terms, index.row_weights, ptr, terms,
+                                                    index.vocab_size, ids, valid, *heads), best)
+        score = row_scores(params.scoring, cos, valid, lex=lex, **heading).total
         order = torch.sort(score, dim=1, descending=True, stable=True).indices
         return ids.gather(1, order), score.gather(1, order)
 

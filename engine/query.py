@@ -36,19 +36,13 @@ from engine.lexical import LexicalIndex
 from engine.threads import ThreadGovernor
 from engine.types import Chunk, Sentences, check_query_list
 from kernels.candidates import CandidateRows, candidate_rows
-from kernels.context import (
-    best_paths,
-    context_boost,
-    heading_gate,
-    heading_residual,
-    int8_heading_table,
-    packed_path_rows,
-)
+from kernels.context import best_paths, heading_gate, int8_heading_table, packed_path_rows
 from kernels.extents import block_stats, neighbour_dots
 from kernels.gather import gathered_dots, segment_first
-from kernels.lexical import lexical_boost, lexical_on, lexical_scores
+from kernels.lexical import lexical_scores
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
+from kernels.signals import RowScores, ScoringModel, normalised_lexical, row_scores
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -98,14 +92,19 @@ def store_vectors(store, device: torch.device) -> torch.Tensor:
 
 
 class LexicalTerm(NamedTuple):
-    """One batch's gated lexical term: the queries' known terms (CSR), the most a row can score per query, and
-    params.lexical_weight / lexical_spread (engine.lexical, kernels.lexical)."""
+    """One batch's lexical signal: the queries' known terms (CSR) and the most a row can score per query
+    (engine.lexical, kernels.lexical)."""
 
     query_ptr: torch.Tensor  # (Q+1,) int64
     query_terms: torch.Tensor  # (T,) int64
     best: torch.Tensor  # (Q,) float32
-    weight: float
-    max_spread: float | None
+
+
+class HeadingGate(NamedTuple):
+    """One batch's heading gate (kernels.context.heading_gate): spread (Q,) and cref (Q,) float32."""
+
+    spread: torch.Tensor
+    cref: torch.Tensor
 
 
 def search_block_end(lo: int, n: int, block: int) -> int:
@@ -344,26 +343,67 @@ class Engine:
         return self._lexical
 
     def lexical_term(self, params: QascParams, questions: Sequence[str] | None, n: int) -> LexicalTerm | None:
-        """The gated lexical term of a batch of n queries: None when params.lexical_weight is 0, the store is
-        empty or the questions' texts are not given (queries as vectors only: there are no words to match);
-        QascError when their count is not n."""
+        """The lexical signal of a batch of n queries: None when params.lexical_weight is 0, the store is empty or
+        the questions' texts are not given (queries as vectors only: there are no words to match); QascError when
+        their count is not n."""
         if params.lexical_weight <= 0 or self.n_total == 0 or questions is None:
             return None
         if len(questions) != n:
             raise QascError(f"{len(questions)} question texts for {n} query vectors")
-        index = self.lexical_index()
-        ptr, terms, best = index.query_terms(questions)
-        return LexicalTerm(ptr, terms, best, params.lexical_weight, params.lexical_spread)
+        return LexicalTerm(*self.lexical_index().query_terms(questions))
 
-    def lexical_boost(self, term: LexicalTerm, rows: torch.Tensor, valid: torch.Tensor,
-                      spread: torch.Tensor) -> torch.Tensor:
-        """rows/valid (Q, L), spread (Q,) -> the gated lexical boost (Q, L) float32 of those rows."""
+    def lexical_signal(self, term: LexicalTerm, rows: torch.Tensor, valid: torch.Tensor,
+                       paths: torch.Tensor | None = None) -> torch.Tensor:
+        """rows/valid (Q, L) -> (Q, L) float32 each row's BM25 / the most a row could score for its query. paths
+        (Q, L) int64 the rows' heading paths (-1: none): the query terms a row's path holds do not count for it
+        (kernels.lexical; None: every term counts)."""
         index = self.lexical_index()
-        # only the queries whose term is on are scored: the others' boost is 0 whatever their rows' BM25
-        on = valid & lexical_on(term.best, spread.to(term.best.device), term.max_spread)[:, None]
+        heads = self.heading_terms() if paths is not None else (None, None)
         scores = lexical_scores(index.row_ptr, index.row_terms, index.row_weights, term.query_ptr,
-                                term.query_terms, index.vocab_size, rows, on)
-        return lexical_boost(scores, valid, term.best, spread.to(scores.device), term.weight, term.max_spread)
+                                term.query_terms, index.vocab_size, rows, valid, paths, *heads)
+        return normalised_lexical(scores, term.best)
+
+    def titled_rows(self) -> torch.Tensor:
+        """(N_total,) bool: the rows whose section is a title's (their heading path holds one heading, or none).
+        A level-1 heading titles a document (an article, a paper, a policy); the text under it alone is that
+        document's, not a section of it, so it is never a whole-block extent (bench/RESULTS.md, "One scoring
+        model"). Built once."""
+        if not hasattr(self, "_titled"):
+            from engine.splitter import PATH_SEP
+
+            headings = self.heading_tensors()
+            self._titled = torch.ones(self.n_total, dtype=torch.bool, device=self.device)
+            if headings is not None:
+                depth = torch.tensor([p.count(PATH_SEP) + 1 for p in self.store.heading_paths], dtype=torch.long,
+                                     device=self.device)
+                row_heading = headings[1]
+                self._titled = (row_heading < 0) | (depth[row_heading.clamp(min=0)] < 2)
+        return self._titled
+
+    def heading_terms(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The store's heading paths' terms in the lexical index's vocabulary, as CSR: path_ptr (H+1,), path_terms
+        (nnz,) int64 (each path's distinct known terms, sorted). Built once."""
+        if not hasattr(self, "_heading_terms"):
+            ptr, ids, _ = self.lexical_index().query_terms(list(getattr(self.store, "heading_paths", [])))
+            self._heading_terms = ptr, ids
+        return self._heading_terms
+
+    def score_rows(self, query: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, model: ScoringModel,
+                   gate: HeadingGate | None, lexical: LexicalTerm | None) -> RowScores:
+        """query (Q, dim) float32, rows/valid (Q, L) -> the scoring model's (kernels.signals.row_scores) plain
+        scores and heading boost of those rows: their cosines, with the gate their heading signals, with the
+        lexical term their BM25 (without the terms their heading paths hold, when the gate is on; invalid entries
+        are never read)."""
+        cos = self.candidate_sims(query, rows, valid)
+        heading, path = {}, None
+        if gate is not None:
+            path = torch.where(valid, self.heading_tensors()[1][rows], torch.full_like(rows, -1))
+            heading = {"c": self.heading_sims(query, path), "path": path, "hs": self.heading_row_dots()[rows],
+                       "spread": gate.spread, "cref": gate.cref}
+        lex = None
+        if lexical is not None:
+            lex = self.lexical_signal(lexical, rows, valid, path)
+        return row_scores(model, cos, valid, lex=lex, **heading)
 
     def passage_tier(self) -> PassageTier | None:
         """The store's passages on the engine's device (engine.fill.PassageTier) with their texts, built on first
@@ -380,47 +420,43 @@ class Engine:
                         table.doc[first].tolist(), table.char_start[first].tolist(), table.char_end[last].tolist(),
                         strict=True))
 
-                self._passages = PassageTier(passages, texts, self.device, self.heading_tensors())
+                self._passages = PassageTier(passages, texts, self.device, self.heading_tensors(),
+                                             list(getattr(self.store, "heading_paths", [])))
         return self._passages
 
     def fill_rows(self, query_emb: torch.Tensor, params: QascParams, pool: torch.Tensor | None,
-                  questions: Sequence[str] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  questions: Sequence[str] | None) -> tuple[torch.Tensor, torch.Tensor]:
         """A block's queries (Q, dim) -> the budget fill's single-sentence units, the same whatever the setting's
-        depth and neighbourhood: rows (Q, FILL_ROWS) int64 (-1: none), their scores (Q, FILL_ROWS) float32 (the
-        pre-retrieval ranking's: cosine + heading context + residual + gated lexical term) and the gate's spread
-        (Q,). pool: the block's search hits when they are at least FILL_ROWS wide."""
+        depth and neighbourhood: rows (Q, FILL_ROWS) int64 (-1: none) and their scores (Q, FILL_ROWS) float32 (the
+        pre-retrieval ranking's: the scoring model's plain score + heading boost). pool: the block's search hits
+        when they are at least FILL_ROWS wide."""
         k = min(FILL_ROWS, self.n_total)
         lexical = self.lexical_term(params, questions, query_emb.shape[0])
         if self.uses_context(params):
             scores: list = []
             use = pool if pool is not None and pool.shape[1] >= max(k, min(CONTEXT_POOL, self.n_total)) else None
-            rows, spread, _ = self.context_hits(query_emb, k, params.context_weight, use, params.heading_residual,
-                                                lexical, scores)
-            return rows, scores[0], spread
+            rows, _ = self.context_hits(query_emb, k, params.scoring, use, lexical, scores)
+            return rows, scores[0]
         rows = pool[:, :k] if pool is not None and pool.shape[1] >= k else self.search(query_emb, k)
         valid = rows >= 0
         safe = rows.clamp(min=0)
-        spread = torch.zeros(query_emb.shape[0], device=self.device)
-        score = self.candidate_sims(query_emb.to(device=self.device, dtype=torch.float32), safe, valid)
-        if lexical is not None:
-            score = score + self.lexical_boost(lexical, safe, valid, spread)
+        query = query_emb.to(device=self.device, dtype=torch.float32)
+        score = self.score_rows(query, safe, valid, params.scoring, None, lexical).total
         score = torch.where(valid, score, torch.full_like(score, float("-inf")))
         order = score.sort(dim=1, descending=True, stable=True).indices
-        return rows.gather(1, order), score.gather(1, order), spread
+        return rows.gather(1, order), score.gather(1, order)
 
     def fill_units(self, query_emb: torch.Tensor, params: QascParams, questions: Sequence[str] | None,
                    pool: torch.Tensor | None = None) -> list[FillUnits]:
         """A block's queries (Q, dim) -> per query, the units the budget fill draws on, best first
-        (`engine.fill.merge_units`): the store's passages, ranked (`PassageTier.rank`), and, where the heading
-        spread is below params.fill_spread (always by default), the FILL_ROWS best single rows (`fill_rows`)."""
+        (`engine.fill.merge_units`): the store's passages, ranked (`PassageTier.rank`), and the FILL_ROWS best
+        single rows (`fill_rows`), all scored by the same model."""
         tier = self.passage_tier()
         heading_emb = self.heading_tensors()[0] if self.uses_context(params) else None
         query = query_emb.to(device=self.device, dtype=torch.float32)
         ids, scores = tier.rank(query, params, questions, heading_emb)
-        rows, row_score, spread = self.fill_rows(query, params, pool, questions)
-        valid = rows >= 0
-        rows_on = valid if params.fill_spread is None else valid & (spread < params.fill_spread)[:, None]
-        return merge_units(tier, ids, scores, rows.clamp(min=0), rows_on, row_score)
+        rows, row_score = self.fill_rows(query, params, pool, questions)
+        return merge_units(tier, ids, scores, rows.clamp(min=0), rows >= 0, row_score)
 
     @cached_property
     def row_tokens(self) -> np.ndarray:
@@ -442,16 +478,16 @@ class Engine:
         return params.context_weight > 0 and self.n_total > 0 and self.heading_tensors() is not None
 
     def context_hits(
-        self, query_emb: torch.Tensor, depth: int, weight: float, pool: torch.Tensor | None = None,
-        residual: float = 0.0, lexical: LexicalTerm | None = None, scores_out: list | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """query_emb (Q, dim), depth, weight w > 0 -> hits (Q, depth) int64 (-1 where missing), spread (Q,),
-        cref (Q,) float32: one search of max(depth, CONTEXT_POOL) rows; the gate over its first CONTEXT_POOL;
-        the hits are the best `depth` rows by cosine + boost among those rows and the first CONTEXT_PATH_ROWS
-        rows of each of the CONTEXT_PATHS paths most similar to the query (ties: lower row first). pool: that
-        search's result when already done (`pool_width` rows per query). residual: beta of the heading residual
-        taken off the rows' cosines (0: none). lexical: the batch's gated lexical term (`lexical_term`), added too.
-        scores_out: a list that gets the hits' scores (Q, depth) float32 appended (-inf where a hit is missing)."""
+        self, query_emb: torch.Tensor, depth: int, model: ScoringModel, pool: torch.Tensor | None = None,
+        lexical: LexicalTerm | None = None, scores_out: list | None = None,
+    ) -> tuple[torch.Tensor, HeadingGate]:
+        """query_emb (Q, dim), depth, the scoring model (heading weight > 0) -> hits (Q, depth) int64 (-1 where
+        missing) and the batch's HeadingGate: one search of max(depth, CONTEXT_POOL) rows; the gate over its first
+        CONTEXT_POOL; the hits are the best `depth` rows by the model's score (plain + boost) among those rows and
+        the first CONTEXT_PATH_ROWS rows of each of the CONTEXT_PATHS paths most similar to the query (ties: lower
+        row first). pool: that search's result when already done (`pool_width` rows per query). lexical: the
+        batch's lexical signal (`lexical_term`). scores_out: a list that gets the hits' scores (Q, depth) float32
+        appended (-inf where a hit is missing)."""
         _, row_heading, path_start, path_count, path_rows = self.heading_tensors()
         query = query_emb.to(device=self.device, dtype=torch.float32)
         q, n = query.shape[0], self.n_total
@@ -459,10 +495,9 @@ class Engine:
             pool = self.search(query_emb, min(max(depth, CONTEXT_POOL), n))  # (Q, M) by raw cosine
         pool_valid = pool >= 0
         pool = pool.clamp(min=0)
-        path_of = lambda rows, valid: torch.where(valid, row_heading[rows], torch.full_like(rows, -1))  # noqa: E731
         g = min(CONTEXT_POOL, pool.shape[1])
-        gate_path = path_of(pool[:, :g], pool_valid[:, :g])
-        spread, cref = heading_gate(self.heading_sims(query, gate_path), gate_path, pool_valid[:, :g])
+        gate_path = torch.where(pool_valid[:, :g], row_heading[pool[:, :g]], torch.full_like(pool[:, :g], -1))
+        gate = HeadingGate(*heading_gate(self.heading_sims(query, gate_path), gate_path, pool_valid[:, :g]))
         heading_emb = self.heading_tensors()[0]
         low, low_scale = self.heading_low()
         best = best_paths(query, heading_emb, CONTEXT_PATHS, low, low_scale=low_scale)[1]  # (Q, J)
@@ -473,13 +508,7 @@ class Engine:
         valid = key < n
         valid[:, 1:] &= key[:, 1:] != key[:, :-1]  # a pool row under a best path counts once
         rows = key.clamp(max=n - 1)
-        path = path_of(rows, valid)
-        c = self.heading_sims(query, path)
-        score = self.candidate_sims(query, rows, valid) + context_boost(c, path, valid, spread, cref, weight)
-        if residual > 0:
-            score = score + heading_residual(c, self.heading_row_dots()[rows], path, valid, residual)
-        if lexical is not None:
-            score = score + self.lexical_boost(lexical, rows, valid, spread)
+        score = self.score_rows(query, rows, valid, model, gate, lexical).total
         score = torch.where(valid, score, torch.full_like(score, float("-inf")))
         order = score.sort(dim=1, descending=True, stable=True).indices[:, :depth]
         hits = torch.where(valid.gather(1, order), rows.gather(1, order), torch.full_like(order, -1))
@@ -490,7 +519,7 @@ class Engine:
             if scores_out is not None:
                 scores_out[-1] = torch.cat([scores_out[-1], scores_out[-1].new_full((q, depth - order.shape[1]),
                                                                                      float("-inf"))], dim=1)
-        return hits, spread, cref
+        return hits, gate
 
     def run_batch(
         self, query_emb: torch.Tensor, params: QascParams, retrieval: RetrievalConfig,
@@ -501,35 +530,27 @@ class Engine:
         `pool_width`) when done already (query_columns searches several slices at once). questions (Q): the
         queries' texts, for the gated lexical term when params.lexical_weight > 0 (left out without them)."""
         depth = min(retrieval.depth, max(self.n_total, 1))
-        context = self.uses_context(params)
         lexical = self.lexical_term(params, questions, query_emb.shape[0])
-        if context:
-            hits, spread, cref = self.context_hits(query_emb, depth, params.context_weight, pool,
-                                                   params.heading_residual, lexical)
+        gate = None
+        if self.uses_context(params):
+            hits, gate = self.context_hits(query_emb, depth, params.scoring, pool, lexical)
         else:
             hits = self.search(query_emb, depth) if pool is None else pool[:, :depth]
-            spread = torch.zeros(query_emb.shape[0], device=self.device)
         first, last = self.block_bounds(params.block_kinds, params.max_tokens) or (None, None)
         cand = candidate_rows(hits, self.doc_first, self.doc_last, retrieval.neighbourhood, self.n_total,
                               first, last, BLOCK_ROWS_MAX)
         rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
-        sims = self.candidate_sims(query_emb, rows, cand.valid)
-        boost = None
-        if context:
-            row_heading = self.heading_tensors()[1]
-            path = torch.where(cand.valid, row_heading[rows], torch.full_like(rows, -1))
-            c = self.heading_sims(query_emb.to(device=self.device, dtype=torch.float32), path)
-            boost = context_boost(c, path, cand.valid, spread, cref, params.context_weight)
-            if params.heading_residual > 0:
-                sims = sims + heading_residual(c, self.heading_row_dots()[rows], path, cand.valid,
-                                               params.heading_residual)
-        if lexical is not None:
-            sims = sims + self.lexical_boost(lexical, rows, cand.valid, spread)
+        query = query_emb.to(device=self.device, dtype=torch.float32)
+        scored = self.score_rows(query, rows, cand.valid, params.scoring, gate, lexical)
+        sims, boost = scored.plain, (scored.boost if gate is not None else None)
         dots = self.neighbour_dots(params.max_extent)[rows] if params.extent == "pooled" else None  # (Q, L, W)
         blocks = {}
         for kind in params.block_kinds:
             sizes, norms = self.block_stats(kind)
-            blocks[kind] = (sizes[rows].long(), norms[rows])
+            sizes = sizes[rows].long()
+            if kind == "section":  # a title's text is a document, not a section: no whole-block candidate
+                sizes = torch.where(self.titled_rows()[rows], torch.zeros_like(sizes), sizes)
+            blocks[kind] = (sizes, norms[rows])
         batch = run_qasc(
             sims, cand.valid, cand.region, self.paragraph[rows].long(), self.section[rows].long(),
             self.n_tokens[rows].long(), params, dots=dots, blocks=blocks, boost=boost,

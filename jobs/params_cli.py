@@ -45,22 +45,11 @@ QASC_HELP = {
                       "off; stores without heading paths: no effect)",
     "heading_residual": "with the heading context: beta in sim = q.s - beta (q.h)(h.s), the part of a row's similarity "
                         "that its heading path h already explains taken out (0..2; 0: off)",
-    "boost_runs_once": "pooled runs add the heading boost once (their mean boost) to the pooled cosine of the "
-                       "plain similarities; --no-boost-runs-once pools the boosted similarities (the boost then "
-                       "counts n/||sum e|| times in a run of n); whole blocks always pool it",
-    "blocks_need_heading": "with --block-extents: a whole block is a candidate only where the heading context "
-                           "lifts it (boost > 0), none without heading context; --no-blocks-need-heading: every "
-                           "block that fits",
-    "lexical_weight": "gated lexical term: alpha in sim += alpha * BM25(row) / the most a row could score for the "
-                      "query, on where the heading gate's spread < --lexical-spread (0..10; 0: off; needs the "
-                      "questions' texts)",
-    "lexical_spread": "the lexical term is on for queries whose heading spread is below this ('none': for every "
-                      "query; stores without heading paths have spread 0)",
+    "lexical_weight": "lexical term: alpha in sim += alpha * BM25(row) / the most a row could score for the query "
+                      "(0..10; 0: off; needs the questions' texts)",
     "budget_fill": "with --budget-tokens: the budget left after the chunks is filled with the store's best passages "
                    "(sentence runs embedded whole at ingest, --passage-tokens), cut where they overlap; "
                    "--no-budget-fill: the chunks alone (stores without passages: no effect)",
-    "fill_spread": "budget fill: single candidate sentences compete with the passages for queries whose heading "
-                   "spread is below this ('none': for every query; stores without heading paths have spread 0)",
     "fill_diversity": "budget fill: a passage or sentence from a section that already holds a returned chunk or "
                       "an earlier fill unit counts this much less when the next unit is chosen (0..10; 0: by score "
                       "alone)",
@@ -87,7 +76,7 @@ def _flag_type(name: str, default):
         return None
     if name in ("max_seeds", "top_k", "budget_tokens", "focus_gap"):
         return _optional(int)
-    if name in ("threshold", "margin", "factor", "score_margin", "far_margin", "lexical_spread", "fill_spread"):
+    if name in ("threshold", "margin", "factor", "score_margin", "far_margin"):
         return _optional(float)
     return type(default)
 

@@ -1,4 +1,4 @@
-"""Lexical (BM25) evidence for the candidate rows, gated per query by the heading context's spread.
+"""Lexical (BM25) evidence for the candidate rows: one of the scoring model's signals (kernels.signals).
 
 A store row's BM25 weights are kept as CSR over its distinct terms (`engine.lexical.LexicalIndex`): row r holds
 terms row_terms[row_ptr[r]:row_ptr[r+1]] with weights idf(t) (k1 + 1) tf / (tf + k1 (1 - b + b dl / avgdl)).
@@ -7,10 +7,11 @@ the sum of the row's weights over the terms the query has; divided by the most a
 query (sum of idf(t) (k1 + 1) over its terms: `LexicalIndex.query_terms`), it lies in [0, 1] and does not depend
 on which other rows or queries share the batch.
 
-The gate: where the headings already name what the question is about (the heading gate's spread is large: one
-heading path matches the query far better than the typical one), the question's key words run through the whole
-section and BM25 favours the sentences densest in them rather than the answer, so the lexical term is off there;
-where headings are absent or alike (spread small), it is on. bench/RESULTS.md, "Session 14: a lexical lever".
+Heading terms: with the rows' heading paths given (their terms as CSR too: path_ptr, path_terms), a query term
+that the row's own heading path holds does not count for that row. The heading already says it: a question that
+names its subject ("What are the symptoms of glaucoma?") matches every sentence under "Glaucoma" in that word, and
+BM25 would favour the sentences that repeat it, not the answer. This is the lexical twin of the heading residual
+(kernels.context.heading_residual): the heading's evidence is the heading signal's, counted once.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ DENSE_LOOKUP_ELEMENTS = 1 << 26  # lexical_scores: a (Q, V) bool table of the qu
 def lexical_scores(
     row_ptr: torch.Tensor, row_terms: torch.Tensor, row_weights: torch.Tensor,
     query_ptr: torch.Tensor, query_terms: torch.Tensor, vocab_size: int,
-    rows: torch.Tensor, valid: torch.Tensor,
+    rows: torch.Tensor, valid: torch.Tensor, paths: torch.Tensor | None = None, path_ptr: torch.Tensor | None = None,
+    path_terms: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """row_ptr (N+1,) int64, row_terms (nnz,) int32 or int64, row_weights (nnz,) float32: the store's rows as CSR;
     query_ptr (Q+1,) int64, query_terms (T,) int64 (each query's distinct terms, sorted), vocab_size (every term
     id < it); rows (Q, L) int64 candidate rows, valid (Q, L) bool -> (Q, L) float32: the sum of row
-    rows[q, l]'s weights over the terms query q has, 0 where invalid (invalid rows are never read)."""
+    rows[q, l]'s weights over the terms query q has, 0 where invalid (invalid rows are never read). paths (Q, L)
+    int64 each entry's heading path (-1: none), path_ptr (H+1,) int64 and path_terms (nnz,) int64 (each path's
+    distinct terms, sorted): a term its row's path holds is left out of that row's sum (None: nothing left out)."""
     n_q, n_l = rows.shape
     out = torch.zeros((n_q, n_l), dtype=torch.float32, device=rows.device)
     if n_q == 0 or n_l == 0 or query_terms.numel() == 0:
@@ -51,28 +55,13 @@ def lexical_scores(
         has = table[qi[entry], term]
     else:  # (query, term) keys: a sorted membership test
         has = torch.isin(qi[entry] * vocab_size + term, owner * vocab_size + query_terms)
+    if paths is not None and path_terms is not None and path_terms.numel():
+        path = paths[qi, li][entry]  # (P,) each posting's row's heading path
+        n_paths = path_ptr.shape[0] - 1
+        path_owner = torch.repeat_interleave(torch.arange(n_paths, device=rows.device), path_ptr[1:] - path_ptr[:-1])
+        said = torch.isin(path.clamp(min=0) * vocab_size + term, path_owner * vocab_size + path_terms)
+        has = has & ~(said & (path >= 0))
     score = torch.zeros(qi.numel(), dtype=torch.float32, device=rows.device)
     score.index_add_(0, entry, torch.where(has, row_weights[pos], torch.zeros_like(row_weights[pos])))
     out[qi, li] = score
     return out
-
-
-def lexical_on(best: torch.Tensor, spread: torch.Tensor, max_spread: float | None) -> torch.Tensor:
-    """best (Q,) float32 the most a row could score per query, spread (Q,) float32 the heading gate's spread,
-    max_spread t (None: no gate) -> (Q,) bool: the queries whose lexical term is on (best > 0 and spread < t).
-    The others get a zero boost, so their rows' BM25 scores need not be computed (`Engine.lexical_boost`)."""
-    on = best > 0
-    return on & (spread < max_spread) if max_spread is not None else on
-
-
-def lexical_boost(
-    scores: torch.Tensor, valid: torch.Tensor, best: torch.Tensor, spread: torch.Tensor, weight: float,
-    max_spread: float | None,
-) -> torch.Tensor:
-    """scores (Q, L) float32 BM25 of the candidate rows (`lexical_scores`), valid (Q, L) bool, best (Q,) float32
-    the most a row could score per query, spread (Q,) float32 the heading gate's spread (0 without headings),
-    weight alpha >= 0, max_spread t (None: no gate) -> boost (Q, L) float32 = alpha * scores / best where
-    spread < t (and best > 0), 0 elsewhere and on invalid entries: add it to the rows' similarities."""
-    on = lexical_on(best, spread, max_spread)
-    scale = torch.where(on, weight / best.clamp(min=1e-12), torch.zeros_like(best))
-    return torch.where(valid, scores * scale[:, None], torch.zeros_like(scores))

@@ -5,32 +5,31 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
+from kernels.signals import ScoringModel
+
 SCORE_RULES = ("seed_sim", "window_max", "window_mean")
 SNAP_RULES = ("none", "paragraph", "section")
 EXTENT_RULES = ("window", "pooled")
 BLOCK_RULES = ("none", "paragraph", "section", "both")
 MAX_EXTENT_LIMIT = 64  # pooled runs are scored for every length up to max_extent: (Q, L, max_extent) per batch
 FLOAT_FIELDS = ("percentile", "threshold", "margin", "extent_penalty", "decay", "factor", "score_margin",
-                "far_margin", "length_bonus", "context_weight", "heading_residual", "lexical_weight", "lexical_spread",
-                "fill_spread", "fill_diversity")
+                "far_margin", "length_bonus", "context_weight", "heading_residual", "lexical_weight", "fill_diversity")
 
 
 @dataclass(frozen=True)
 class QascParams:
     """Every knob of query-time chunking.
 
-    Defaults: the setting the development suite (`qasc eval` over chroma_general, tatqa_finance, medquad_health,
-    policyqa_privacy) chose on all four sets together, the same one its chroma_general and policyqa_privacy
-    folds chose on the other three: pooled extents (runs of up to 2 sentences holding a p90 seed, clipped to the
-    paragraph, and whole sections complete in the candidate region where the question matches their heading,
-    with a length bonus 0.02 ln(sentences)), the best chunk, its neighbours within 6 sentences and chunks
-    elsewhere within 0.05 of it, every chunk within 0.1 of the best, at most 10 (with RetrievalConfig depth 8,
-    neighbourhood 2), similarities with the heading context, the heading residual and the gated lexical term
-    (0.8 x BM25 / best where the heading spread < 0.1), the boost counted once per pooled run. The window-mode
-    fields keep the setting the same
-    cross-validation chose among windows (adaptive up to m=3 within 0.1 of the seed, window-max ranking).
-    With a token budget and these chunking defaults, `qasc query` answers with the suite's budget setting instead
-    (engine.config.BUDGET_PROFILE, `--no-budget-profile` to keep these). See bench/RESULTS.md.
+    Defaults: pooled extents (runs of up to 2 sentences holding a p90 seed, clipped to the paragraph, and whole
+    sections complete in the candidate region, a title's text excepted, with a length bonus 0.02 ln(sentences)),
+    the best chunk, its neighbours within 6 sentences and chunks elsewhere within 0.05 of it, every chunk within
+    0.1 of the best, at most 10 (with RetrievalConfig depth 8, neighbourhood 2), rows scored by the one scoring
+    model (kernels.signals: cosine, heading boost w 12, heading residual 0.75, lexical term 0.8 without the
+    heading's own words; no switch per query). Leave-one-dataset-out over the six development sets, every
+    signal's ablation and the form's measured alternatives: bench/RESULTS.md, "One scoring model". The
+    window-mode fields keep the setting cross-validation chose among windows (adaptive up to m=3 within 0.1 of the
+    seed, window-max ranking). With a token budget and these chunking defaults, `qasc query` answers with the
+    suite's budget setting instead (engine.config.BUDGET_PROFILE, `--no-budget-profile` to keep these).
     """
 
     percentile: float = 90.0  # seeds: sims >= the p-th percentile tau of the row (0..100)
@@ -59,42 +58,23 @@ class QascParams:
     far_margin: float | None = 0.05  # focus: also keep chunks elsewhere scoring >= best - far_margin
     block_extents: str = "section"  # pooled: whole paragraphs / sections (complete in the row) are candidates too
     length_bonus: float = 0.02  # pooled: added to a candidate's score times ln(its sentences)
-    # query-gated heading context (engine, stores with heading paths): w in boost = w * spread * (c - cref),
-    # added to the similarities before pre-retrieval ranking and scoring; 0 = off. 12: the development suite's
-    # fit on all four sets (leave-one-dataset-out chose 12 in 3 of 4 folds, 6 in the 4th; bench/RESULTS.md)
+    # heading context (engine, stores with heading paths): w in boost = w * spread * (c - cref) (kernels.signals),
+    # added to the rows' scores before pre-retrieval ranking and scoring; 0 = off. 12: the development suite's
+    # fit on its first four sets, kept by the six-set leave-one-dataset-out (w 6: -2.4 pooled F1; RESULTS.md)
     context_weight: float = 12.0
     # heading residual (with the heading context on): a row's similarity minus beta * (q . h)(h . s), the part of
     # it that its heading path h already explains (kernels.context.heading_residual); 0 = off. 0.75: chosen by
     # leave-one-dataset-out on the development suite and its two-question composites (bench/RESULTS.md)
     heading_residual: float = 0.75
-    # pooled runs take the heading boost once (their mean boost added to the pooled cosine of the plain
-    # similarities) instead of pooling boosted similarities, where a boost b on every sentence counts
-    # n / ||e_1 + ... + e_n|| > 1 times and a run outranks its own best sentence whenever its heading matches;
-    # whole blocks keep the pooled boost (a matching heading lifts its whole section). The development suite's
-    # choice (bench/RESULTS.md, "The boost once per run")
-    boost_runs_once: bool = True
-    # pooled with block_extents: a whole block is a candidate only where the heading context lifts it (its boost
-    # > 0: the question matches its heading better than the typical heading among the best rows), none without
-    # the heading context (no heading paths, or context_weight 0). A section is the extent of a question about
-    # that section; with no heading evidence, runs answer. False: every block that fits is a candidate. The
-    # development suite's choice (bench/RESULTS.md, "Whole blocks need a heading match")
-    blocks_need_heading: bool = True
-    # gated lexical term (engine, queries with their texts): alpha * BM25(row) / the most a row could score for
-    # the query, added to the rows' similarities where the heading gate's spread < lexical_spread (headings absent
-    # or alike; None: everywhere); 0 = off (kernels.lexical, engine.lexical). 0.8 / 0.1: the development suite's
-    # choice on all four sets (leave-one-dataset-out chose it in 3 of 4 folds, 0.4 / 0.05 in the 4th;
-    # bench/RESULTS.md, "The gated lexical term")
+    # lexical term (engine, queries with their texts): alpha * BM25(row) / the most a row could score for the query,
+    # without the query terms the row's heading path holds when the heading context is on (kernels.signals,
+    # kernels.lexical); 0 = off. 0.8: the development suite's choice (bench/RESULTS.md, "One scoring model")
     lexical_weight: float = 0.8
-    lexical_spread: float | None = 0.1
     # budget fill (engine.fill, stores with passages): with budget_tokens set, the budget left after the chunks is
     # filled with the best passages (the store's sentence runs up to its passage_tokens, embedded whole), cut where
     # they overlap what is already returned. The development suite's choice at 400 tokens (bench/RESULTS.md,
     # "The budget fill")
     budget_fill: bool = True
-    # budget fill: single rows (the pre-retrieval ranking's best, engine.query.FILL_ROWS) compete with the passages
-    # where the query's heading spread is below this (headings absent or alike, as for the lexical term); None: always.
-    # None: sentence-level evidence (policyqa) needs the rows, and a spread gate shuts them out there (bench/RESULTS.md)
-    fill_spread: float | None = None
     # budget fill: a unit whose section already holds a returned chunk or an earlier unit counts this much less
     # when the next unit is chosen (engine.passages.fill_budget; 0: by score alone): the budget reaches other
     # sections before it repeats one. The development suite's leave-one-dataset-out choice (bench/RESULTS.md,
@@ -154,10 +134,6 @@ class QascParams:
             problems.append(f"heading_residual must be in [0, 2], got {self.heading_residual}")
         if not 0.0 <= self.lexical_weight <= 10.0:
             problems.append(f"lexical_weight must be in [0, 10], got {self.lexical_weight}")
-        if self.lexical_spread is not None and self.lexical_spread < 0:
-            problems.append(f"lexical_spread must be >= 0, got {self.lexical_spread}")
-        if self.fill_spread is not None and self.fill_spread < 0:
-            problems.append(f"fill_spread must be >= 0, got {self.fill_spread}")
         if not 0 <= self.fill_diversity <= 10:
             problems.append(f"fill_diversity must be in [0, 10], got {self.fill_diversity}")
         if self.score_margin is not None and self.score_margin < 0:
@@ -171,6 +147,11 @@ class QascParams:
         if self.extent != "pooled" or self.block_extents == "none":
             return ()
         return ("paragraph", "section") if self.block_extents == "both" else (self.block_extents,)
+
+    @property
+    def scoring(self) -> ScoringModel:
+        """The scoring model's weights (kernels.signals): heading w, residual beta, lexical alpha."""
+        return ScoringModel(self.context_weight, self.heading_residual, self.lexical_weight)
 
     def replace(self, **changes: object) -> QascParams:
         unknown = set(changes) - {f.name for f in fields(self)}

@@ -78,16 +78,17 @@ def run_qasc(
     params.extent == "pooled" only. `blocks` maps "paragraph" / "section" to (sizes (Q, L) int64, norms (Q, L)
     float): each position's whole block in its document, its sentences and the norm of its summed vectors
     (`kernels.extents.block_stats`); needed by params.block_extents only. `boost` (Q, L) float: an additive
-    per-row score (the heading context's) that seeding, windows and whole blocks see added to `sims`; pooled
-    runs add their mean boost once to the pooled cosine of `sims` when params.boost_runs_once (else they pool
-    sims + boost like blocks do).
+    per-row score (the scoring model's heading boost, kernels.signals) that seeding, windows and whole blocks see
+    added to `sims`; pooled runs add their mean boost once to the pooled cosine of `sims` (a run outranks its own
+    best sentence only by what it says, not by repeating its heading), whole blocks pool sims + boost (a section
+    whose heading the question matches is lifted as a whole).
     """
     ops = ops or FastOps()
     p = params
     if p.budget_tokens is not None and p.budget_tokens < p.max_tokens:
         p = p.replace(max_tokens=p.budget_tokens)  # a chunk never alone overflows the budget
     region = region_keys(region_ids, valid)
-    plain = sims  # without the boost: what pooled runs take their cosine of when the boost counts once
+    plain = sims  # without the boost: what pooled runs take their cosine of (the boost counts once per run)
     if boost is not None:
         sims = sims + boost
     tau, seeds = ops.percentile_seeds(sims, valid, p.percentile, p.min_seeds, p.max_seeds)
@@ -95,16 +96,14 @@ def run_qasc(
     if p.extent == "pooled":
         if dots is None:
             raise ValueError("extent='pooled' needs the neighbour dots (Q, L, W) of the sentence vectors")
-        once = boost is not None and p.boost_runs_once
-        runs = ops.pooled_extent_scores(plain if once else sims, dots, valid, window_keys, seeds, p.max_extent,
-                                        p.extent_penalty, boost if once else None)
+        runs = ops.pooled_extent_scores(plain, dots, valid, window_keys, seeds, p.max_extent, p.extent_penalty, boost)
         if p.length_bonus:  # a run of n sentences gains length_bonus * ln(n): one constant per slot
             n = torch.arange(1, p.max_extent + 1, dtype=runs.dtype, device=runs.device)
             runs = runs + p.length_bonus * torch.log(n)
         lengths = None  # slot m: the run of m + 1 sentences
-        if p.block_kinds and (boost is not None or not p.blocks_need_heading):  # else no block is a candidate
+        if p.block_kinds:
             runs, lengths = _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seeds, n_tokens,
-                                         p, blocks, ops, boost)
+                                         p, blocks, ops)
         pick_id, seed_values = ops.pick_extents(runs, p.max_picks, p.score_margin, lengths)
         kept = pick_id >= 0  # every picked sentence; its value is its run's score
         how = "max"
@@ -176,12 +175,10 @@ def run_qasc(
     )
 
 
-def _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seeds, n_tokens, p, blocks, ops,
-                 boost=None):
+def _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seeds, n_tokens, p, blocks, ops):
     """runs (Q, L, M) -> scores (Q, L, M + B) float, lengths (Q, L, M + B) int64: the whole paragraphs and/or
-    sections longer than the longest run as extra candidate slots (B = 1 or 2), with their length bonus. With
-    p.blocks_need_heading, only the blocks whose first row the heading context lifts (boost (Q, L) > 0) are
-    candidates (the caller skips the block slots when there is no boost)."""
+    sections longer than the longest run as extra candidate slots (B = 1 or 2), scored by the pooled cosine of
+    `sims` (boost included), with their length bonus. A block of size 0 in `blocks` is no candidate."""
     ids = {"paragraph": paragraph_ids, "section": section_ids}
     q, length, m = runs.shape
     out = runs.new_empty((q, length, m + len(p.block_kinds)))
@@ -196,8 +193,6 @@ def _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seed
         score, size = ops.block_extent_scores(sims, valid, region_ids, ids[kind], sizes, norms, seeds, n_tokens,
                                               p.max_tokens)
         longer = size > p.max_extent  # the blocks (few) longer than the longest run
-        if p.blocks_need_heading:  # the question must match the block's heading better than the typical one
-            longer &= boost > 0
         row, at = longer.nonzero().unbind(1)
         n = size[row, at]
         value = score[row, at]

@@ -868,25 +868,57 @@ def packed_path_rows(paths: torch.Tensor, path_start: torch.Tensor, path_count: 
     return rows, rows >= 0
 
 
-def lexical_scores(row_ptr, row_terms, row_weights, query_ptr, query_terms, vocab_size, rows, valid):
+def lexical_scores(row_ptr, row_terms, row_weights, query_ptr, query_terms, vocab_size, rows, valid, paths=None,
+                   path_ptr=None, path_terms=None):
     """Twin of kernels.lexical.lexical_scores: per valid entry, a walk over its row's postings, each weight added
-    when the term is in the query's set (float64 sums, rounded to float32 at the end)."""
+    when the term is in the query's set and not in the entry's heading path's set (float64 sums, rounded to
+    float32 at the end)."""
     ptr, terms, weights = row_ptr.tolist(), row_terms.tolist(), row_weights.tolist()
     qptr, qterms = query_ptr.tolist(), query_terms.tolist()
+    heads = []
+    if paths is not None and path_terms is not None:
+        pp, pt = path_ptr.tolist(), path_terms.tolist()
+        heads = [set(pt[pp[h] : pp[h + 1]]) for h in range(len(pp) - 1)]
     out = []
     for q, (rs, oks) in enumerate(zip(_rows(rows), _rows(valid), strict=True)):
         have = set(qterms[qptr[q] : qptr[q + 1]])
-        out.append([sum(weights[i] for i in range(ptr[r], ptr[r + 1]) if terms[i] in have) if ok else 0.0
-                    for r, ok in zip(rs, oks, strict=True)])
+        row_out = []
+        for j, (r, ok) in enumerate(zip(rs, oks, strict=True)):
+            h = int(paths[q, j]) if heads else -1
+            said = heads[h] if h >= 0 else set()
+            hits = (weights[i] for i in range(ptr[r], ptr[r + 1]) if terms[i] in have and terms[i] not in said)
+            row_out.append(sum(hits) if ok else 0.0)
+        out.append(row_out)
     return _to_tensor(out, tuple(rows.shape), torch.float32, rows.device)
 
 
-def lexical_boost(scores, valid, best, spread, weight, max_spread):
-    out = []
-    for ss, oks, b, s in zip(_rows(scores), _rows(valid), best.tolist(), spread.tolist(), strict=True):
-        on = b > 0 and (max_spread is None or s < max_spread)
-        out.append([weight * x / b if ok and on else 0.0 for x, ok in zip(ss, oks, strict=True)])
-    return _to_tensor(out, tuple(scores.shape), scores.dtype, scores.device)
+def normalised_lexical(bm25, best):
+    """Twin of kernels.signals.normalised_lexical: each score over its query's best, 0 where best is 0."""
+    out = [[x / b if b > 0 else 0.0 for x in row] for row, b in zip(_rows(bm25), best.tolist(), strict=True)]
+    return _to_tensor(out, tuple(bm25.shape), bm25.dtype, bm25.device)
+
+
+def row_scores(model, cos, valid, c=None, path=None, hs=None, spread=None, cref=None, lex=None):
+    """Twin of kernels.signals.row_scores, from its contract, one entry at a time: plain = cos - beta c hs (rows
+    with a heading, heading weight > 0) + alpha lex; boost = w spread (c - cref) on rows with a heading; 0 where
+    invalid. Returns (plain, boost) tensors."""
+    q, n = cos.shape
+    heading = c is not None and model.heading > 0
+    plain, boost = [[0.0] * n for _ in range(q)], [[0.0] * n for _ in range(q)]
+    for i in range(q):
+        for j in range(n):
+            if not bool(valid[i, j]):
+                continue
+            x = float(cos[i, j])
+            if heading and int(path[i, j]) >= 0:
+                cij = float(c[i, j])
+                boost[i][j] = model.heading * float(spread[i]) * (cij - float(cref[i]))
+                if model.residual > 0:
+                    x -= model.residual * cij * float(hs[i, j])
+            if lex is not None and model.lexical > 0:
+                x += model.lexical * float(lex[i, j])
+            plain[i][j] = x
+    return (_to_tensor(plain, (q, n), cos.dtype, cos.device), _to_tensor(boost, (q, n), cos.dtype, cos.device))
 
 
 def ivf_vectors_topk(query, centroids, vectors, list_rows, nprobe, k, dtype=torch.float32, max_codes=0,

@@ -5,9 +5,9 @@ retrieval lever).
 A chunk's heading path is the path in force at its first character (engine.splitter.heading_paths, the same
 rule as the store's sentences); its vector is the store's (same text, same model) or, for a path the store
 lacks, embedded here. Ranking is exact and dense: cos (Q, N) over every chunk, the gate over the distinct
-paths of the top CONTEXT_POOL chunks, boost = w * spread * (c - cref), and (beta > 0) QASC's heading residual
--beta * c * (h . chunk) (kernels.context.heading_residual), and (alpha > 0) QASC's gated lexical term over the
-chunks' own texts (kernels.lexical.lexical_boost, the same spread); the best `depth` by their sum.
+paths of the top CONTEXT_POOL chunks, then QASC's scoring model (kernels.signals.row_scores: the boost
+w * spread * (c - cref), the heading residual -beta * c * (h . chunk) and, alpha > 0, the lexical term over the
+chunks' own texts); the best `depth` by the model's score.
 """
 
 from __future__ import annotations
@@ -22,21 +22,23 @@ import torch
 from engine.lexical import LexicalIndex
 from engine.splitter import heading_paths
 from jobs.eval.retrieval import ChunkSet, EvalCache, Hit, model_key, sha
-from kernels.context import context_boost, heading_gate, heading_residual
-from kernels.lexical import lexical_boost
+from kernels.context import heading_gate
+from kernels.lexical import lexical_scores
+from kernels.signals import ScoringModel, normalised_lexical, row_scores
 
 CONTEXT_POOL = 32  # the same pool as the engine's gate (engine.query.CONTEXT_POOL)
 SUFFIX = " + same context"
+LEXICAL_QUERIES = 32  # queries per block of the per-chunk lexical gather (memory: queries x chunks x postings)
 
 
 class Lexical(NamedTuple):
-    """QASC's gated lexical term for a baseline: alpha, the spread below which it is on (None: always), the
-    questions (Q) and the chunks' texts (N)."""
+    """QASC's lexical term for a baseline: alpha, the questions (Q), the chunks' texts (N) and the heading paths'
+    texts (H, the chunks' `path` ids index them; their terms leave a chunk's lexical signal, as the engine's)."""
 
     weight: float
-    max_spread: float | None
     questions: Sequence[str]
     chunk_texts: Sequence[str]
+    path_texts: Sequence[str] = ()
 
 
 def chunk_paths(chunks: ChunkSet, corpora: Mapping[str, str]) -> tuple[list[str], np.ndarray]:
@@ -68,35 +70,50 @@ def path_vectors(paths: list[str], engine, embedder, cache: EvalCache | None = N
     return np.stack([known[p] for p in paths]).astype(np.float32) if paths else np.zeros((0, 1), np.float32)
 
 
+def _scores_without_heading_terms(index: LexicalIndex, ptr: torch.Tensor, terms: torch.Tensor, path: torch.Tensor,
+                                  path_ptr: torch.Tensor, path_terms: torch.Tensor) -> torch.Tensor:
+    """query CSR (ptr (Q+1,), terms), path (Q, N) each chunk's heading path -> (Q, N) BM25 of every chunk without the
+    terms its heading path holds (kernels.lexical.lexical_scores), LEXICAL_QUERIES queries at a time."""
+    q, n = path.shape
+    out = torch.zeros((q, n), dtype=torch.float32)
+    for lo in range(0, q, LEXICAL_QUERIES):
+        hi = min(lo + LEXICAL_QUERIES, q)
+        rows = torch.arange(n).expand(hi - lo, n)
+        out[lo:hi] = lexical_scores(index.row_ptr, index.row_terms, index.row_weights, ptr[lo : hi + 1] - ptr[lo],
+                                    terms[ptr[lo] : ptr[hi]], index.vocab_size, rows,
+                                    torch.ones_like(rows, dtype=torch.bool), path[lo:hi], path_ptr, path_terms)
+    return out
+
+
 def context_ranked(chunks: ChunkSet, query_emb: np.ndarray, path: np.ndarray, path_emb: np.ndarray, weight: float,
                    depth: int, residual: float = 0.0, lexical: Lexical | None = None) -> list[list[Hit]]:
     """query_emb (Q, dim), path (N,) int64, path_emb (H, dim), residual = beta -> per query its `depth` best
-    chunks by cos + boost + heading residual (+ QASC's gated lexical term when `lexical` is given: the same
-    alpha * BM25 / best where the query's spread < t, BM25 over the chunks' texts) (ties: the earlier chunk),
-    each Hit scored with that sum."""
+    chunks by QASC's scoring model with weights (weight, residual, alpha of `lexical`; no lexical term without it)
+    (ties: the earlier chunk), each Hit scored with the model's score."""
     q = torch.as_tensor(np.asarray(query_emb, dtype=np.float32))
     cos = q @ torch.as_tensor(chunks.emb).T  # (Q, N)
     n = cos.shape[1]
-    spread = torch.zeros(cos.shape[0])
-    if n == 0 or not len(path_emb) or weight == 0:
-        score = cos
-    else:
+    every = torch.ones_like(cos, dtype=torch.bool)
+    model = ScoringModel(weight, residual, lexical.weight if lexical is not None else 0.0)
+    heading, lex = {}, None
+    if n and len(path_emb) and weight > 0:
         pid = torch.as_tensor(path).expand_as(cos)
         c = torch.where(pid >= 0, (q @ torch.as_tensor(path_emb).T).gather(1, pid.clamp(min=0)), torch.zeros_like(cos))
         pool = cos.topk(min(CONTEXT_POOL, n), dim=1).indices
         spread, cref = heading_gate(c.gather(1, pool), pid.gather(1, pool), torch.ones_like(pool, dtype=torch.bool))
-        every = torch.ones_like(pid, dtype=torch.bool)
-        score = cos + context_boost(c, pid, every, spread, cref, weight)
-        if residual > 0:
-            emb, ids = torch.as_tensor(chunks.emb), torch.as_tensor(path)
-            hs = torch.where(ids >= 0, (emb * torch.as_tensor(path_emb)[ids.clamp(min=0)]).sum(dim=1), 0.0)
-            score = score + heading_residual(c, hs.expand_as(cos), pid, every, residual)
+        emb, ids = torch.as_tensor(chunks.emb), torch.as_tensor(path)
+        hs = torch.where(ids >= 0, (emb * torch.as_tensor(path_emb)[ids.clamp(min=0)]).sum(dim=1), 0.0)
+        heading = {"c": c, "path": pid, "hs": hs.expand_as(cos), "spread": spread, "cref": cref}
     if lexical is not None and n and lexical.weight > 0:
         index = LexicalIndex.build(lexical.chunk_texts)
         ptr, terms, best = index.query_terms(lexical.questions)
-        bm25 = index.dense_scores(ptr, terms)
-        score = score + lexical_boost(bm25, torch.ones_like(bm25, dtype=torch.bool), best, spread, lexical.weight,
-                                      lexical.max_spread)
+        if heading and lexical.path_texts:  # a chunk's heading words are the heading signal's (kernels.lexical)
+            path_ptr, path_terms, _ = index.query_terms(lexical.path_texts)
+            bm25 = _scores_without_heading_terms(index, ptr, terms, heading["path"], path_ptr, path_terms)
+        else:
+            bm25 = index.dense_scores(ptr, terms)
+        lex = normalised_lexical(bm25, best)
+    score = row_scores(model, cos, every, lex=lex, **heading).total
     order = score.sort(dim=1, descending=True, stable=True).indices[:, :depth]
     best = score.gather(1, order)
     starts, ends, toks = chunks.starts.tolist(), chunks.ends.tolist(), chunks.n_tokens.tolist()

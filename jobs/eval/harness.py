@@ -223,8 +223,8 @@ def make_chunkers(names: Sequence[str], embedder, sentence_source, cfg: EvalConf
 
 def baseline_run(chunks: ChunkSet, chunker: B.Chunker, query_emb: np.ndarray, questions: Sequence[Question],
                  cfg: EvalConfig, cutter: TokenCutter, context: tuple | None = None) -> MethodRun:
-    """One baseline's candidates; context = (corpora, engine, embedder, cache, weight, residual, (alpha, spread)):
-    ranked with QASC's heading context and gated lexical term instead (jobs/eval/context.py), named
+    """One baseline's candidates; context = (corpora, engine, embedder, cache, weight, residual, alpha): ranked
+    with QASC's scoring model instead (heading context, residual, lexical term; jobs/eval/context.py), named
     `<name> + same context`."""
     t0 = time.perf_counter()
     small = float(np.percentile(chunks.n_tokens, 10)) if len(chunks) else 1.0
@@ -233,18 +233,18 @@ def baseline_run(chunks: ChunkSet, chunker: B.Chunker, query_emb: np.ndarray, qu
     if not len(chunks):
         ranked = [[] for _ in questions]
     elif context is not None:
-        corpora, engine, embedder, cache, weight, residual, (alpha, max_spread) = context
+        corpora, engine, embedder, cache, weight, residual, alpha = context
         paths, path = C.chunk_paths(chunks, corpora)
         lexical = None
         if alpha > 0:
             texts = [corpora[d][a:b] for d, a, b in zip(chunks.doc_ids, chunks.starts.tolist(), chunks.ends.tolist(),
                                                         strict=True)]
-            lexical = C.Lexical(alpha, max_spread, [q.text for q in questions], texts)
+            lexical = C.Lexical(alpha, [q.text for q in questions], texts, paths)
         ranked = C.context_ranked(chunks, query_emb, path, C.path_vectors(paths, engine, embedder, cache), weight,
                                   max(depth, 1), residual, lexical)
         name = name + C.SUFFIX
         note = f"{note}; ranked by cos + QASC's heading context (w={weight:g}, residual {residual:g})" + (
-            f" and lexical term (alpha {alpha:g}, spread < {max_spread})" if alpha > 0 else "")
+            f" and lexical term (alpha {alpha:g})" if alpha > 0 else "")
     else:
         ranked = ranked_hits(chunks, query_emb, max(depth, 1))
     run = MethodRun(name, chunker.family, note, {}, {})
@@ -503,7 +503,7 @@ def evaluate_methods(dataset: Dataset, query_emb: np.ndarray, chunksets: dict[st
     runs: dict[str, MethodRun] = {}
     default = QascParams()
     weight, residual = default.context_weight, default.heading_residual
-    lexical = (default.lexical_weight, default.lexical_spread)  # the baselines get QASC's retrieval terms too
+    lexical = default.lexical_weight  # the baselines get QASC's whole scoring model too
     for name, (chunker, chunks) in chunksets.items():
         runs[name] = baseline_run(chunks, chunker, query_emb, dataset.questions, cfg, cutter)
         if cfg.baseline_context and weight > 0 and embedder is not None:  # QASC's retrieval lever, fair table

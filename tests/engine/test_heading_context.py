@@ -12,6 +12,7 @@ import torch
 from engine.config import RetrievalConfig
 from engine.store import ingest
 from kernels.context import context_boost, heading_gate
+from kernels.signals import ScoringModel
 from tests.engine.test_store import write_corpus
 
 pytestmark = pytest.mark.slow
@@ -98,8 +99,8 @@ def test_rerank_equals_dense_cos_plus_boost(policy_engine):
     eng = policy_engine
     q = torch.as_tensor(eng.embedder.encode(QUESTIONS))
     weight, depth = 12.0, 6
-    hits, spread, cref = eng.context_hits(q, depth, weight)
-    hits_r = eng.context_hits(q, depth, weight, residual=0.75)[0]
+    hits, (spread, cref) = eng.context_hits(q, depth, ScoringModel(weight, 0.0, 0.0))
+    hits_r = eng.context_hits(q, depth, ScoringModel(weight, 0.75, 0.0))[0]
     emb = eng.embeddings
     cos = q @ emb.T  # (Q, N)
     heading_emb, row_heading = eng.heading_tensors()[:2]
@@ -127,7 +128,7 @@ def test_heading_residual_puts_the_answer_before_the_restated_heading(restated_e
     that answers does, still in the named site's policy (every sentence a candidate and returned)."""
     eng = restated_engine
     every = eng.config.qasc.replace(block_extents="none", focus_gap=None, far_margin=None, score_margin=None,
-                                    top_k=None, max_extent=1, percentile=0.0)
+                                    top_k=None, max_extent=1, percentile=0.0, lexical_weight=0.0)  # the residual alone
     assert every.heading_residual > 0
     question = ["[a.com] What does the privacy policy of a.com say about deleting my account data?"]
     on = eng.query(question, every, WIDE)[0]
@@ -148,17 +149,13 @@ def test_weight_zero_is_todays_path(policy_engine, monkeypatch):
 
 def test_a_pooled_run_takes_the_heading_boost_once(policy_engine):
     """The baking guide's heading matches the question, so every one of its rows is boosted. Pooling boosted
-    similarities counted the boost n / ||sum e|| > 1 times in a run of n and lifted the pair "Feed the starter
-    ... The dough should proof ..." above the answering sentence; with the boost once per run (the default) the
+    similarities would count the boost n / ||sum e|| > 1 times in a run of n and lift the pair "Feed the starter
+    ... The dough should proof ..." above the answering sentence; the model adds it once per run, so the
     answering sentence alone comes first (runs only, every chunk returned)."""
     every = policy_engine.config.qasc.replace(block_extents="none", focus_gap=None, far_margin=None,
                                               score_margin=None, top_k=None)
-    assert every.boost_runs_once
-    question = ["How long should the dough proof?"]
-    on = policy_engine.query(question, every, WIDE)[0]
-    off = policy_engine.query(question, every.replace(boost_runs_once=False), WIDE)[0]
+    on = policy_engine.query(["How long should the dough proof?"], every, WIDE)[0]
     assert on[0].text.startswith("The dough should proof") and "Feed the starter" not in on[0].text
-    assert off[0].text.startswith("Feed the starter") and "The dough should proof" in off[0].text
 
 
 @pytest.mark.parametrize("kind", ["int8", "bf16"])

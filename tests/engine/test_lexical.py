@@ -14,7 +14,7 @@ import torch
 from engine.config import RetrievalConfig
 from engine.errors import QascError
 from engine.lexical import BM25_B, BM25_K1, LexicalIndex, terms
-from kernels.lexical import lexical_boost, lexical_scores
+from kernels.lexical import lexical_scores
 from kernels.params import QascParams
 
 TEXTS = ["The cat sat on the mat.", "A dog and a cat.", "Dogs bark; cats purr, cats sleep.", "", "The the the."]
@@ -104,7 +104,7 @@ def test_the_term_lifts_the_sentence_with_the_rare_words(plain_engine) -> None:
     off = plain_engine.query([QUESTION], base.replace(lexical_weight=0.0), WIDE)[0]
     on = plain_engine.query([QUESTION], base.replace(lexical_weight=0.8), WIDE)[0]
     assert "support team" in off[0].text
-    assert "QX7" in on[0].text and on[0].doc_id == "a"  # no headings: spread 0, the gate is open
+    assert "QX7" in on[0].text and on[0].doc_id == "a"
 
 
 @pytest.mark.slow
@@ -117,7 +117,7 @@ def test_the_boost_is_alpha_bm25_over_best_on_every_candidate(plain_engine, monk
     base = _sentences(plain_engine.config.qasc).replace(top_k=None)
     emb = plain_engine.embed_queries([QUESTION])
     _, cand = plain_engine.run_batch(emb, base.replace(lexical_weight=0.0), WIDE)
-    _, cand2 = plain_engine.run_batch(emb, base.replace(lexical_weight=0.8, lexical_spread=None), WIDE,
+    _, cand2 = plain_engine.run_batch(emb, base.replace(lexical_weight=0.8), WIDE,
                                       questions=[QUESTION])
     assert torch.equal(cand.rows, cand2.rows) and len(seen) == 2
     index = plain_engine.lexical_index()
@@ -131,29 +131,20 @@ def test_the_boost_is_alpha_bm25_over_best_on_every_candidate(plain_engine, monk
 
 
 @pytest.mark.slow
-def test_the_gate_closes_where_headings_name_the_subject(plain_engine) -> None:
+def test_the_signal_is_bm25_over_best_for_every_query(plain_engine) -> None:
+    """The engine's lexical signal of any rows equals the sparse BM25 of those rows over each query's best."""
     base = _sentences(plain_engine.config.qasc)
-    term = plain_engine.lexical_term(base.replace(lexical_weight=0.8, lexical_spread=0.1), [QUESTION], 1)
-    rows = torch.arange(plain_engine.n_total)[None, :]
-    valid = torch.ones_like(rows, dtype=torch.bool)
-    assert float(plain_engine.lexical_boost(term, rows, valid, torch.tensor([0.0])).abs().sum()) > 0
-    assert float(plain_engine.lexical_boost(term, rows, valid, torch.tensor([0.2])).abs().sum()) == 0
-
-
-@pytest.mark.slow
-def test_queries_with_the_gate_closed_skip_scoring_and_match_the_full_term(plain_engine) -> None:
-    base = _sentences(plain_engine.config.qasc)
-    term = plain_engine.lexical_term(base.replace(lexical_weight=0.8, lexical_spread=0.1), [QUESTION] * 3, 3)
+    term = plain_engine.lexical_term(base.replace(lexical_weight=0.8), [QUESTION, "purr", QUESTION], 3)
     rows = torch.arange(plain_engine.n_total).expand(3, -1)
     valid = torch.ones_like(rows, dtype=torch.bool)
-    spread = torch.tensor([0.0, 0.2, 0.05])  # open, closed, open
+    valid[2, ::2] = False
     index = plain_engine.lexical_index()
     full = lexical_scores(index.row_ptr, index.row_terms, index.row_weights, term.query_ptr, term.query_terms,
-                          index.vocab_size, rows, valid)  # every query scored
-    want = lexical_boost(full, valid, term.best, spread, term.weight, term.max_spread)
-    got = plain_engine.lexical_boost(term, rows, valid, spread)
-    assert torch.equal(got, want)
-    assert float(got[0].abs().sum()) > 0 and float(got[1].abs().sum()) == 0
+                          index.vocab_size, rows, valid)
+    got = plain_engine.lexical_signal(term, rows, valid)
+    scale = torch.where(term.best > 0, 1 / term.best.clamp(min=1e-12), torch.zeros_like(term.best))
+    torch.testing.assert_close(got, full * scale[:, None])
+    assert float(got[0].max()) > 0 and float(got[2][::2].abs().sum()) == 0
 
 
 @pytest.mark.slow

@@ -288,7 +288,7 @@ def test_the_harness_budget_view_is_the_engines_fill(cat_store):
     engine = Engine.open(str(cat_store))
     questions = ["How do cats communicate?", "What do dogs do for farmers?", "Which animals sleep a lot?"]
     emb = engine.embed_queries(questions)
-    for params in (QascParams(), QascParams(fill_spread=None), QascParams(fill_spread=0.0, lexical_weight=0.0),
+    for params in (QascParams(), QascParams(lexical_weight=0.0),
                    QascParams(fill_diversity=0.0), QascParams(fill_diversity=0.5)):
         neutral = params.replace(**Q.NEUTRAL, max_tokens=20)
         units: list = []

@@ -65,8 +65,9 @@ def test_context_residual_takes_the_heading_part_off_each_chunk(embedder):
         assert resid[key] == pytest.approx(boosted[key] - 0.75 * c * hs, abs=1e-5)
 
 
-def test_context_adds_the_same_gated_lexical_term(embedder):
-    """The baselines get QASC's lexical term: + alpha * BM25(chunk text) / best where the query's spread < t."""
+def test_context_adds_the_same_lexical_term(embedder):
+    """The baselines get QASC's lexical term: + alpha * BM25(chunk text) / best, for every query; with the heading
+    context on, a chunk's own heading words do not count (the engine's rule)."""
     from engine.lexical import LexicalIndex
     from jobs.eval.context import Lexical
 
@@ -78,13 +79,29 @@ def test_context_adds_the_same_gated_lexical_term(embedder):
     texts = [DOCS[d][s:e] for d, s, e in zip(chunks.doc_ids, chunks.starts.tolist(), chunks.ends.tolist(), strict=True)]
     plain = {(h[0], h[1]): h[4] for h in context_ranked(chunks, q, ids, vecs, 0.0, 6)[0]}
     lex = {(h[0], h[1]): h[4] for h in context_ranked(chunks, q, ids, vecs, 0.0, 6, 0.0,
-                                                      Lexical(0.8, 0.1, [question], texts))[0]}
+                                                      Lexical(0.8, [question], texts))[0]}
     index = LexicalIndex.build(texts)
     ptr, terms, best = index.query_terms([question])
     bm25 = index.dense_scores(ptr, terms)[0].numpy()
     for i, key in enumerate(zip(chunks.doc_ids, chunks.starts.tolist(), strict=True)):
         assert lex[key] == pytest.approx(plain[key] + 0.8 * bm25[i] / float(best[0]), abs=1e-5)
     assert bm25.max() > 0
-    closed = {(h[0], h[1]): h[4] for h in context_ranked(chunks, q, ids, vecs, 0.0, 6, 0.0,
-                                                         Lexical(0.8, 0.0, [question], texts))[0]}
-    assert closed == plain  # spread 0 is not < 0: the gate is closed
+    # with the heading context, a chunk's own heading words leave its BM25 ("privacy", "policy" under the policies)
+    from engine.lexical import terms as terms_of
+
+    question = "Does the privacy policy say bread needs a long proof?"
+    q = embedder.encode([question])
+    boosted = {(h[0], h[1]): h[4] for h in context_ranked(chunks, q, ids, vecs, 12.0, 6)[0]}
+    headed = {(h[0], h[1]): h[4] for h in context_ranked(chunks, q, ids, vecs, 12.0, 6, 0.0,
+                                                         Lexical(0.8, [question], texts, paths))[0]}
+    ptr, q_terms, best = index.query_terms([question])
+    asked = set(q_terms.tolist())
+    lifted = 0
+    for i, key in enumerate(zip(chunks.doc_ids, chunks.starts.tolist(), strict=True)):
+        said = {index.vocab[t] for t in terms_of(paths[ids[i]]) if t in index.vocab} if ids[i] >= 0 else set()
+        a, b = int(index.row_ptr[i]), int(index.row_ptr[i + 1])
+        want = sum(float(w) for t, w in zip(index.row_terms[a:b].tolist(), index.row_weights[a:b].tolist(),
+                                            strict=True) if t in asked and t not in said)
+        assert headed[key] == pytest.approx(boosted[key] + 0.8 * want / float(best[0]), abs=1e-5)
+        lifted += want > 0
+    assert lifted > 0 and any(p.lower().startswith("privacy policy") for p in paths)

@@ -1,16 +1,15 @@
-"""Gated lexical term (kernels.lexical): the vectorized BM25 gather and the gated boost against their loop twins on
-random ragged batches (empty batches, rows without terms, queries without known terms, single rows)."""
+"""Lexical signal (kernels.lexical): the vectorized BM25 gather against its loop twin on random ragged batches
+(empty batches, rows without terms, queries without known terms, single rows)."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kernels.lexical
 import kernels.reference as ref
-from kernels.lexical import lexical_boost, lexical_scores
+from kernels.lexical import lexical_scores
 
 VOCAB = 7
 
@@ -56,32 +55,21 @@ def test_lexical_scores_match_reference(case) -> None:
         torch.testing.assert_close(out, want)
 
 
-@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-@given(case=cases(), weight=st.sampled_from([0.0, 0.4, 2.0]), max_spread=st.sampled_from([None, 0.0, 0.1]),
-       data=st.data())
-def test_lexical_boost_matches_reference(case, weight, max_spread, data) -> None:
-    scores = lexical_scores(**case)
-    q = scores.shape[0]
-    best = torch.tensor(data.draw(st.lists(st.sampled_from([0.0, 1.0, 4.0]), min_size=q, max_size=q)))
-    spread = torch.tensor(data.draw(st.lists(st.sampled_from([0.0, 0.05, 0.3]), min_size=q, max_size=q)))
-    out = lexical_boost(scores, case["valid"], best.float(), spread.float(), weight, max_spread)
-    torch.testing.assert_close(out, ref.lexical_boost(scores, case["valid"], best.float(), spread.float(), weight,
-                                                      max_spread))
-
-
-def test_boost_is_zero_where_the_gate_is_closed_and_scaled_where_open() -> None:
-    scores = torch.tensor([[2.0, 1.0], [2.0, 1.0]])
-    valid = torch.tensor([[True, True], [True, False]])
-    out = lexical_boost(scores, valid, torch.tensor([4.0, 4.0]), torch.tensor([0.3, 0.0]), 0.8, 0.1)
-    assert out[0].tolist() == [0.0, 0.0]  # spread 0.3 >= 0.1: the headings name the subject
-    assert out[1].tolist() == pytest.approx([0.4, 0.0])  # 0.8 * 2 / 4; the invalid entry stays 0
-    every = lexical_boost(scores, valid, torch.tensor([4.0, 4.0]), torch.tensor([0.3, 0.0]), 0.8, None)
-    assert every[0].tolist() == pytest.approx([0.4, 0.2])
-
-
-def test_an_entry_sums_only_the_terms_its_query_has() -> None:
-    # row 0: terms {1: 1.5, 3: 0.5}; row 1: no terms; query 0 has {3, 5}, query 1 has {}
-    out = lexical_scores(torch.tensor([0, 2, 2]), torch.tensor([1, 3]), torch.tensor([1.5, 0.5]),
-                         torch.tensor([0, 2, 2]), torch.tensor([3, 5]), 6,
-                         torch.tensor([[0, 1], [0, 1]]), torch.ones((2, 2), dtype=torch.bool))
-    assert out.tolist() == [[0.5, 0.0], [0.0, 0.0]]
+@settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(), data=st.data())
+def test_heading_terms_leave_the_scores_as_in_the_reference(case, data) -> None:
+    """With the rows' heading paths (some -1) and each path's terms, a term its row's path holds does not count."""
+    n_paths = data.draw(st.integers(1, 3))
+    path_ptr, path_terms = [0], []
+    for _ in range(n_paths):
+        path_terms += sorted(data.draw(st.sets(st.integers(0, VOCAB - 1), max_size=3)))
+        path_ptr.append(len(path_terms))
+    q, l_ = case["rows"].shape
+    paths = torch.tensor([[data.draw(st.integers(-1, n_paths - 1)) for _ in range(l_)] for _ in range(q)],
+                         dtype=torch.long).reshape(q, l_)
+    heads = {"paths": paths, "path_ptr": torch.tensor(path_ptr), "path_terms": torch.tensor(path_terms)}
+    want = ref.lexical_scores(**case, **heads)
+    torch.testing.assert_close(lexical_scores(**case, **heads), want)
+    assert bool((want <= ref.lexical_scores(**case) + 1e-6).all())  # leaving terms out never adds
+    no_paths = {**heads, "paths": torch.full_like(paths, -1)}
+    torch.testing.assert_close(lexical_scores(**case, **no_paths), ref.lexical_scores(**case))

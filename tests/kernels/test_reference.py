@@ -188,8 +188,6 @@ def qasc_params(draw: st.DrawFn) -> QascParams:
         far_margin=draw(st.one_of(st.none(), st.sampled_from([0.0, 0.125, 0.5]))),
         block_extents=draw(st.sampled_from(BLOCK_RULES)),
         length_bonus=draw(st.sampled_from([0.0, 0.125, -0.125])),
-        boost_runs_once=draw(st.booleans()),
-        blocks_need_heading=draw(st.booleans()),
     )
 
 
@@ -699,12 +697,11 @@ def test_pipeline_shipped_settings_match_reference(b: dict[str, torch.Tensor], n
 
 @PIPE_SETTINGS
 @given(b=batches(), params=qasc_params())
-def test_pipeline_boost_pooled_in_runs_is_the_boosted_similarities(b: dict[str, torch.Tensor],
-                                                                   params: QascParams) -> None:
-    """boost_runs_once=False (and blocks_need_heading=False, which reads the boost's sign): handing the boost
-    separately is exactly adding it to the similarities first."""
+def test_pipeline_boost_on_window_extents_is_the_boosted_similarities(b: dict[str, torch.Tensor],
+                                                                      params: QascParams) -> None:
+    """Window extents (no pooled runs): handing the boost separately is exactly adding it to the similarities."""
     boost = b.get("boost", torch.zeros_like(b["sims"]))
-    params = params.replace(boost_runs_once=False, blocks_need_heading=False)
+    params = params.replace(extent="window")
     apart = run_both({**b, "boost": boost}, params)
     added = run_both({**{k: v for k, v in b.items() if k != "boost"}, "sims": b["sims"] + boost}, params)
     for field in ("start", "end", "tokens", "chosen", "piece", "labels", "kept", "score", "tau"):
@@ -822,32 +819,33 @@ def test_decay_scores_tie_exactly_for_constant_and_mirrored_windows() -> None:
     assert fast.piece[1].tolist() == list(range(17))  # all tied: lower index first
 
 
-def test_whole_blocks_need_a_heading_match() -> None:
-    """One row, two sections of three sentences (the second holds the best sentence): with blocks_need_heading a
-    section is a candidate only where the boost lifts it (> 0), and none without a boost; off, every section
-    that fits competes. The length bonus makes the whole second section win whenever it may."""
+def test_whole_blocks_pool_the_boost_and_size_zero_is_no_block() -> None:
+    """One row, two sections of three sentences (the second holds the best sentence). Every section that fits
+    competes (the length bonus makes the second win); a block the engine marks with size 0 (a title's text) is no
+    candidate; the boost of a section's rows is pooled into its score."""
     sims = torch.tensor([[0.2, 0.2, 0.2, 0.5, 0.45, 0.45]], dtype=F64)
     emb = torch.tensor([[[1.0, 0.0, 0.0]] * 3 + [[0.0, 1.0, 0.0]] * 3], dtype=F64)  # identical within a section
     section = torch.tensor([[0, 0, 0, 1, 1, 1]])
+    blocks = row_blocks(emb, {"paragraph": torch.arange(6)[None], "section": section})
     b = {"sims": sims, "valid": torch.ones_like(sims, dtype=torch.bool), "region": torch.zeros_like(section),
          "paragraph": torch.arange(6)[None], "section": section, "tokens": torch.full_like(section, 10),
-         "dots": row_dots(emb), "blocks": row_blocks(emb, {"paragraph": torch.arange(6)[None], "section": section})}
+         "dots": row_dots(emb), "blocks": blocks}
     params = QascParams(percentile=0.0, max_extent=1, length_bonus=0.5, focus_gap=None, far_margin=None,
                         score_margin=None, top_k=None)
-    assert params.blocks_need_heading
 
     def first_chunk(batch_input: dict, p: QascParams) -> tuple[int, int]:
         got = chosen_chunks(run_both(batch_input, p), 0)[0]
         return got[0], got[1]
 
-    assert first_chunk(b, params) == (3, 3)  # no boost: no section, the best sentence
-    assert first_chunk(b, params.replace(blocks_need_heading=False)) == (3, 5)  # every section competes
-    lifted = torch.tensor([[-0.1, -0.1, -0.1, 0.1, 0.1, 0.1]], dtype=F64)  # the second section's heading matches
-    assert first_chunk({**b, "boost": lifted}, params) == (3, 5)
-    lowered = torch.tensor([[0.0, 0.0, 0.0, -0.1, -0.1, -0.1]], dtype=F64)  # no heading matches better than typical
-    assert first_chunk({**b, "boost": lowered}, params) == (3, 3)
-    for boost in (None, lifted, lowered):  # and the loop twins agree
+    assert first_chunk(b, params) == (3, 5)  # every section that fits competes
+    sizes, norms = blocks["section"]
+    untitled = {**b, "blocks": {**blocks, "section": (torch.zeros_like(sizes), norms)}}
+    assert first_chunk(untitled, params) == (3, 3)  # size 0: no block, the best sentence
+    lifted = torch.tensor([[0.3, 0.3, 0.3, 0.0, 0.0, 0.0]], dtype=F64)  # the first section's heading matches
+    assert first_chunk({**b, "boost": lifted}, params) == (0, 2)
+    for boost in (None, lifted):  # and the loop twins agree
         both = b if boost is None else {**b, "boost": boost}
         fast, slow = run_both(both, params), run_both(both, params, ops=ref)
-        for field in ("start", "end", "chosen", "score"):
+        for field in ("start", "end", "score", "chosen"):
             assert_same(getattr(fast, field), getattr(slow, field))
+
