@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from engine.assemble import ChunkColumns, RowTable
-from engine.lexical import LexicalIndex
+from engine.lexical import LexicalIndex, TermCounts
 from engine.passages import Passages, fill_budget
 from engine.store.index import exact_topk
 from kernels.context import heading_gate
@@ -39,16 +39,20 @@ class PassageTier:
     passage's dot with its path's embedding (0 without headings).
 
     texts: the passages' texts in order, or a function returning them afresh (an iterator): read only to build
-    the lexical index on first use, never held (at 1M rows a second copy of the documents' text)."""
+    the lexical index on first use, never held (at 1M rows a second copy of the documents' text). counts: a
+    function returning the passages' term counts per shard (`Store.passage_term_counts`, saved at ingest) or
+    None; where it gives them, the lexical index is made from them and the texts are not read."""
 
     def __init__(self, passages: Passages, texts: Sequence[str] | Callable[[], Iterable[str]], device: torch.device,
-                 headings: tuple[torch.Tensor, ...] | None, heading_paths: Sequence[str] = ()) -> None:
+                 headings: tuple[torch.Tensor, ...] | None, heading_paths: Sequence[str] = (),
+                 counts: Callable[[], Iterable[TermCounts] | None] | None = None) -> None:
         self.device = device
         self.first = torch.as_tensor(np.asarray(passages.first, np.int64), device=device)
         self.count = np.asarray(passages.count, np.int64)
         self.count_t = torch.as_tensor(self.count, device=device)
         self.emb = torch.as_tensor(np.asarray(passages.emb), device=device)
         self._texts = texts
+        self._counts = counts
         n = len(self.count)
         self.path = torch.full((n,), -1, dtype=torch.long, device=device)
         self.hs = torch.zeros(n, device=device)
@@ -69,8 +73,10 @@ class PassageTier:
 
     def lexical(self) -> LexicalIndex:
         if self._lexical is None:
-            texts = self._texts() if callable(self._texts) else self._texts
-            self._lexical = LexicalIndex.build(texts, self.device)
+            saved = self._counts() if self._counts is not None else None
+            texts = self._texts
+            self._lexical = LexicalIndex.from_counts_or_texts(saved, texts if callable(texts) else lambda: texts,
+                                                              self.device)
         return self._lexical
 
     def heading_terms(self) -> tuple[torch.Tensor, torch.Tensor]:

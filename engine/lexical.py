@@ -11,12 +11,16 @@ per sentence (1M sentences of the scale bench: 20.6M, ~9 s and ~0.17 GiB).
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import count, filterfalse
+from typing import NamedTuple
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 BM25_K1 = 1.2
@@ -38,6 +42,110 @@ yourself yourselves
 def terms(text: str) -> list[str]:
     """text -> its terms in order (lower-cased letter/digit runs, stop words dropped)."""
     return list(filterfalse(STOP_WORDS.__contains__, TERM.findall(text.lower())))
+
+
+def term_rule() -> str:
+    """The term rule's fingerprint (TERM's pattern and the stop words): saved term counts are used only where they
+    were counted by the same rule (engine.store.lexical), else the index is built from the texts."""
+    text = TERM.pattern + "\n" + " ".join(sorted(STOP_WORDS))
+    return "terms-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class TermCounts(NamedTuple):
+    """The terms of n rows with their own vocabulary of v terms: vocab (v) the terms in order of first use (row
+    after row, in text order; a list or an Arrow string array), row_ptr (n+1,) int64, terms (nnz,) int32 each
+    row's distinct term ids ascending, tf (nnz,) int32 their counts in the row (>= 1). A row's length in terms
+    (BM25's dl) is its tf summed."""
+
+    vocab: Sequence[str] | pa.Array
+    row_ptr: np.ndarray
+    terms: np.ndarray
+    tf: np.ndarray
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.row_ptr) - 1
+
+    def terms_list(self) -> list[str]:
+        return self.vocab.to_pylist() if isinstance(self.vocab, pa.Array) else list(self.vocab)
+
+    def equals(self, other: TermCounts) -> bool:
+        """The same terms in the same order and the same arrays."""
+        return self.terms_list() == other.terms_list() and all(
+            np.array_equal(getattr(self, n), getattr(other, n)) for n in ("row_ptr", "terms", "tf"))
+
+
+class _Block(NamedTuple):
+    """Rows counted against the index's vocabulary: terms (nnz,) int32 ids ascending within each row, tf (nnz,)
+    int32, per_row (n,) int64 distinct terms per row, lengths (n,) int64 terms per row."""
+
+    terms: np.ndarray
+    tf: np.ndarray
+    per_row: np.ndarray
+    lengths: np.ndarray
+
+
+def _count_block(lens: list[int], flat: list[str], vocab: defaultdict[str, int]) -> _Block:
+    """lens (n) each row's number of terms, flat (sum lens) the rows' terms row after row, vocab (a missing term
+    gets the next id) -> the rows' _Block."""
+    lengths = np.array(lens, dtype=np.int64)
+    ids = np.fromiter(map(vocab.__getitem__, flat), dtype=np.int64, count=len(flat))
+    width = max(len(vocab), 1)
+    key, tf = np.unique(np.repeat(np.arange(len(lens), dtype=np.int64), lengths) * width + ids,
+                        return_counts=True)  # distinct (row, term): rows ascending, terms ascending
+    return _Block((key % width).astype(np.int32), tf.astype(np.int32),
+                  np.bincount(key // width, minlength=len(lens)).astype(np.int64), lengths)
+
+
+def _term_rows(texts: Iterable[str], block_rows: int) -> Iterator[tuple[list[int], list[str]]]:
+    """texts -> (lens, flat) per block of up to block_rows rows: each row's number of terms, their terms."""
+    lens: list[int] = []
+    flat: list[str] = []
+    for text in texts:
+        row = terms(text)
+        lens.append(len(row))
+        flat.extend(row)
+        if len(lens) >= block_rows:
+            yield lens, flat
+            lens, flat = [], []
+    if lens:
+        yield lens, flat
+
+
+def count_terms(texts: Iterable[str]) -> TermCounts:
+    """texts (n) -> their TermCounts (a vocabulary of their own: what a store shard saves at ingest)."""
+    vocab: defaultdict[str, int] = defaultdict(count().__next__)
+    lens, flat = next(_term_rows(texts, 2**62), ([], []))
+    block = _count_block(lens, flat, vocab)
+    row_ptr = np.zeros(len(block.per_row) + 1, dtype=np.int64)
+    np.cumsum(block.per_row, out=row_ptr[1:])
+    return TermCounts(list(vocab), row_ptr, block.terms, block.tf)
+
+
+def _as_block(part: TermCounts, remap: np.ndarray, width: int) -> _Block:
+    """part, remap (v,) int64 the store id of each of its terms, width (the store's vocabulary size) -> part's
+    rows with store ids, re-sorted within each row where remap does not keep the order -> _Block."""
+    ids = remap[part.terms]
+    per_row = np.diff(part.row_ptr)
+    tf = np.asarray(part.tf, dtype=np.int32)
+    if len(remap) > 1 and not bool(np.all(remap[1:] > remap[:-1])):
+        row = np.repeat(np.arange(part.n_rows, dtype=np.int64), per_row)
+        order = np.argsort(row * width + ids)  # keys are distinct: (row, term) pairs
+        ids, tf = ids[order], tf[order]
+    cum = np.concatenate([[0], np.cumsum(tf, dtype=np.int64)])
+    return _Block(ids.astype(np.int32), tf, per_row, cum[part.row_ptr[1:]] - cum[part.row_ptr[:-1]])
+
+
+def merge_vocabs(vocabs: Sequence[Sequence[str] | pa.Array]) -> tuple[pa.Array, list[np.ndarray]]:
+    """Parts' vocabularies (each in its order of first use) -> (the merged vocabulary (V) in order of first use,
+    per part (v_i,) int64 the merged id of each of its terms): Arrow's hash kernels, no Python loop per term
+    (`pc.unique` lists values in order of first appearance)."""
+    words = pa.chunked_array([(v if isinstance(v, pa.Array) else pa.array(v, pa.string())).cast(pa.large_string())
+                              for v in vocabs], pa.large_string())
+    merged = pc.unique(words)
+    ids = pc.index_in(words, value_set=merged).to_numpy().astype(np.int64) if len(words) else np.zeros(0, np.int64)
+    bounds = np.cumsum([0, *(len(v) for v in vocabs)])
+    return merged, [ids[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 class LexicalIndex:
@@ -64,59 +172,60 @@ class LexicalIndex:
         mark rose 0.40 GiB over the open store, 0.84 GiB with the one pass)."""
         # term ids in order of first use: a missing term gets the next id (C-level lookups, no Python loop per term)
         vocab: defaultdict[str, int] = defaultdict(count().__next__)
-        terms_u, tf_u, per_row, dl = [], [], [], []  # per block: distinct terms, their counts, per row, row lengths
-        block_sizes: list[int] = []
-        block_lens: list[int] = []
-        block_terms: list[str] = []  # the block's terms, row after row
+        blocks = [_count_block(lens, flat, vocab) for lens, flat in _term_rows(texts, block_rows)]
+        return cls._from_blocks(dict(vocab), blocks, device)
 
-        def flush() -> None:
-            lens = np.array(block_lens, dtype=np.int64)
-            flat = np.array(list(map(vocab.__getitem__, block_terms)), dtype=np.int64)
-            width = max(len(vocab), 1)
-            key, tf = np.unique(np.repeat(np.arange(len(block_lens), dtype=np.int64), lens) * width + flat,
-                                return_counts=True)  # distinct (row, term): rows ascending, terms ascending
-            terms_u.append((key % width).astype(np.int32))
-            tf_u.append(tf.astype(np.int32))
-            per_row.append(np.bincount(key // width, minlength=len(block_lens)))
-            dl.append(lens)
-            block_sizes.append(len(block_lens))
-            block_lens.clear()
-            block_terms.clear()
+    @classmethod
+    def from_counts(cls, parts: Iterable[TermCounts], device: torch.device | str = "cpu") -> LexicalIndex:
+        """parts: TermCounts of consecutive row ranges (a store's shards, in order) -> the index of all their rows,
+        equal to `build` over the same texts (the same vocab ids, idf and CSR arrays): the vocabularies are merged
+        in order of first use and each part's ids mapped into it (a numpy gather, re-sorted within rows)."""
+        parts = list(parts)  # each dropped once mapped: this holds the parts or their blocks, not both
+        merged, remaps = merge_vocabs([part.vocab for part in parts])
+        blocks = []
+        for i, remap in enumerate(remaps):
+            blocks.append(_as_block(parts[i], remap, len(merged)))
+            parts[i] = None
+        vocab = dict(zip(merged.to_pylist(), range(len(merged)), strict=True))
+        return cls._from_blocks(vocab, blocks, device)
 
-        for text in texts:
-            row = terms(text)
-            block_lens.append(len(row))
-            block_terms.extend(row)
-            if len(block_lens) >= block_rows:
-                flush()
-        if block_lens:
-            flush()
-        vocab = dict(vocab)  # a plain dict from here on: a lookup of an unknown term must not add it
-        lengths = np.concatenate(dl) if dl else np.zeros(0, np.int64)
-        counts = np.concatenate(per_row) if per_row else np.zeros(0, np.int64)
-        dl.clear()
-        per_row.clear()
+    @classmethod
+    def from_counts_or_texts(cls, counts: Iterable[TermCounts] | None, texts: Callable[[], Iterable[str]],
+                             device: torch.device | str = "cpu") -> LexicalIndex:
+        """`from_counts(counts)` where counts are given (a store's, saved at ingest), else `build(texts())`: the
+        same index either way."""
+        return cls.from_counts(counts, device) if counts is not None else cls.build(texts(), device)
+
+    @classmethod
+    def _from_blocks(cls, vocab: dict[str, int], blocks: list[_Block], device: torch.device | str) -> LexicalIndex:
+        """Counted blocks of consecutive rows (ids of `vocab`) -> the index: df and idf over all rows, avgdl, and
+        each block's weights written into the CSR arrays, the block dropped once used (the list is emptied), so
+        that this holds the blocks or the index but not both, plus one block's temporaries."""
+        if not blocks:  # no rows
+            blocks = [_count_block([], [], defaultdict(count().__next__))]
+        lengths = np.concatenate([b.lengths for b in blocks])
+        counts = np.concatenate([b.per_row for b in blocks])
         n = len(lengths)
         row_ptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(counts, out=row_ptr[1:])
         df = np.zeros(len(vocab), dtype=np.int64)
-        for t in terms_u:
-            df += np.bincount(t, minlength=len(vocab))
+        for b in blocks:
+            df += np.bincount(b.terms, minlength=len(vocab))
         idf = np.log1p((n - df + 0.5) / (df + 0.5))
         avgdl = float(lengths.mean()) if n and lengths.sum() else 1.0
-        # the index's two arrays filled one block at a time, each block's counts dropped once used, so that the
-        # build holds the blocks or the index but not both, plus one block's temporaries
         row_terms = np.empty(int(row_ptr[-1]), dtype=np.int32)
         weights = np.empty(int(row_ptr[-1]), dtype=np.float32)
         at, row = 0, 0
-        while terms_u:
-            t, tf, k = terms_u.pop(0), tf_u.pop(0), block_sizes.pop(0)
+        while blocks:
+            b = blocks.pop(0)
+            t, tf, k = b.terms, b.tf, len(b.lengths)
             row_dl = np.repeat(lengths[row : row + k], counts[row : row + k]).astype(np.float32)
             weights[at : at + len(t)] = (
                 idf[t].astype(np.float32) * np.float32(BM25_K1 + 1) * tf
                 / (tf + np.float32(BM25_K1) * (np.float32(1 - BM25_B) + np.float32(BM25_B / avgdl) * row_dl)))
             row_terms[at : at + len(t)] = t
             at, row = at + len(t), row + k
+            del b, t, tf
         return cls(vocab, idf.astype(np.float32), row_ptr, row_terms, weights, device)
 
     def query_terms(self, questions: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -334,12 +334,13 @@ class Engine:
         return torch.where(path >= 0, c.gather(1, seg), torch.zeros(path.shape, device=c.device))
 
     def lexical_index(self) -> LexicalIndex:
-        """The store rows' BM25 weights (`engine.lexical.LexicalIndex`) on the engine's device: built from the
-        sentences' texts on first use and kept."""
+        """The store rows' BM25 weights (`engine.lexical.LexicalIndex`) on the engine's device, made on first use
+        and kept: from the term counts saved at ingest (`Store.row_term_counts`), else from the sentences' texts."""
         if self._lexical is None:
-            texts = (doc.text[a:b] for doc in self.store.docs
-                     for a, b in zip(doc.char_start.tolist(), doc.char_end.tolist(), strict=True))
-            self._lexical = LexicalIndex.build(texts, self.device)
+            saved = getattr(self.store, "row_term_counts", lambda: None)()  # a file store's, saved at ingest
+            self._lexical = LexicalIndex.from_counts_or_texts(saved, lambda: (
+                doc.text[a:b] for doc in self.store.docs
+                for a, b in zip(doc.char_start.tolist(), doc.char_end.tolist(), strict=True)), self.device)
         return self._lexical
 
     def lexical_term(self, params: QascParams, questions: Sequence[str] | None, n: int) -> LexicalTerm | None:
@@ -421,7 +422,8 @@ class Engine:
                         strict=True))
 
                 self._passages = PassageTier(passages, texts, self.device, self.heading_tensors(),
-                                             list(getattr(self.store, "heading_paths", [])))
+                                             list(getattr(self.store, "heading_paths", [])),
+                                             counts=getattr(self.store, "passage_term_counts", None))
         return self._passages
 
     def fill_rows(self, query_emb: torch.Tensor, params: QascParams, pool: torch.Tensor | None,

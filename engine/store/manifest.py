@@ -29,12 +29,16 @@ from engine.store.schema import (
     FORMAT,
     FORMAT_VERSION,
     HEADINGS_DIR,
+    LEXICAL_DIR,
     LOCK,
     MANIFEST,
+    PASSAGE_LEXICAL_DIR,
     PASSAGES_DIR,
     SENTENCES_DIR,
     STAGED_DOCUMENTS,
     STAGED_HEADINGS,
+    STAGED_LEXICAL,
+    STAGED_PASSAGE_LEXICAL,
     STAGED_PASSAGES,
     STAGED_SENTENCES,
     STAGING,
@@ -171,19 +175,22 @@ def _key(unit: int, index: int) -> str:
     return f"{unit:06d}-{index:06d}"
 
 
-SHARD_DIRS = (DOCUMENTS_DIR, SENTENCES_DIR, HEADINGS_DIR, PASSAGES_DIR)  # the store's folders of shard files
-SHARD_FILES = ("documents", "sentences", "headings", "passages")  # a shard's files (headings: format 2, passages: 3)
+# the store's folders of shard files
+SHARD_DIRS = (DOCUMENTS_DIR, SENTENCES_DIR, HEADINGS_DIR, PASSAGES_DIR, LEXICAL_DIR, PASSAGE_LEXICAL_DIR)
+# a shard's files (headings: format 2, passages: 3; lexical, passage_lexical: term counts, engine.store.lexical)
+SHARD_FILES = ("documents", "sentences", "headings", "passages", "lexical", "passage_lexical")
 
 
 def shard_files(record: dict) -> list[str]:
     """The store-relative files of a shard record or manifest shard entry (no headings file before format 2, no
-    passages file before format 3 or in a store without passages)."""
+    passages file before format 3 or in a store without passages, no term counts in shards written before
+    them)."""
     return [record[k] for k in SHARD_FILES if k in record]
 
 
 class Staging:
     """_staging/: the plan of the running ingest, the shard files the workers wrote (documents/, sentences/,
-    headings/),
+    headings/, passages/, lexical/, passage_lexical/),
     one record per finished shard (shards/), one marker per finished read unit (units/), and, once every unit
     is done, commit.json (which staged file becomes which store shard). Every file is written atomically."""
 
@@ -202,7 +209,8 @@ class Staging:
         elif old is not None:
             self._load_records(log)
         folders = (root, *(root / d for d in SHARD_DIRS), self.dir, self.shards_dir, self.units_dir,
-                   root / STAGED_DOCUMENTS, root / STAGED_SENTENCES, root / STAGED_HEADINGS, root / STAGED_PASSAGES)
+                   root / STAGED_DOCUMENTS, root / STAGED_SENTENCES, root / STAGED_HEADINGS, root / STAGED_PASSAGES,
+                   root / STAGED_LEXICAL, root / STAGED_PASSAGE_LEXICAL)
         for folder in folders:
             folder.mkdir(parents=True, exist_ok=True)
             for tmp in folder.glob(".*.tmp-*"):  # half-written temp files of a killed run
@@ -335,7 +343,8 @@ def check_compatible(manifest: dict, root: Path, name: str, fingerprint: str, sp
 
 
 def shard_entry(record: dict) -> dict:
-    keys = ("id", *SHARD_FILES, "n_documents", "n_sentences", "n_headings", "n_passages", "chars")
+    keys = ("id", *SHARD_FILES, "n_documents", "n_sentences", "n_headings", "n_passages", "n_terms",
+            "n_passage_terms", "term_rule", "chars")
     return {k: record[k] for k in keys if k in record}
 
 

@@ -17,6 +17,7 @@ are then re-ranked exactly.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +28,10 @@ import torch
 from engine.config import EngineConfig
 from engine.cpu import cpu_has_int8_dot
 from engine.errors import QascError, first_line
+from engine.lexical import TermCounts
 from engine.passages import Passages
 from engine.store import index as faiss_index
+from engine.store import lexical as saved_terms
 from engine.store.files import read_row_count, read_table
 from engine.store.manifest import check_sizes, read_manifest
 from engine.store.schema import (
@@ -324,6 +327,16 @@ class Store:
         if self._passages is None:
             self._passages = read_passages(self.path, self.manifest)
         return self._passages
+
+    def row_term_counts(self) -> Iterator[TermCounts] | None:
+        """The sentence rows' term counts per shard for `LexicalIndex.from_counts` (engine.store.lexical: saved at
+        ingest, or counted from the texts of a shard written before them); None for a store with none saved
+        (`LexicalIndex.build` over the texts then, as before)."""
+        return saved_terms.row_counts(self) if saved_terms.has_saved(self, saved_terms.ROWS) else None
+
+    def passage_term_counts(self) -> Iterator[TermCounts] | None:
+        """The passages' term counts per shard, as `row_term_counts` (None: none saved)."""
+        return saved_terms.passage_counts(self) if saved_terms.has_saved(self, saved_terms.PASSAGES) else None
 
     @property
     def config(self) -> EngineConfig:

@@ -11,9 +11,15 @@ A store is one folder (README, "Store format"):
     passages/part-NNNNNN.parquet   passages_schema(dim, dtype) (format 3): first, count, n_tokens, embedding; runs
                                    of the shard's sentence rows (first: shard-local row) packed within a paragraph
                                    up to the store's passage_tokens, each embedded as one text (engine.passages)
+    lexical/part-NNNNNN.parquet    TERMS_SCHEMA: the shard's sentence rows' terms (engine.store.lexical): one row per
+                                   distinct term of the shard, in order of first use: term, rows (shard-local rows
+                                   holding it, ascending), counts (its occurrences in each); read at open instead
+                                   of tokenizing every sentence for the BM25 index
+    passage_lexical/part-NNNNNN.parquet  TERMS_SCHEMA over the shard's passages (rows: shard-local passage ids)
     index-GGGG.faiss               FAISS index over every sentence row (id = global row), generation GGGG
     _staging/                      only while an ingest runs or after it crashed: plan.json, the workers' shard
-                                   files (documents/, sentences/, headings/, passages/ uUUUUUU-sKKKKKK.parquet),
+                                   files (documents/, sentences/, headings/, passages/, lexical/, passage_lexical/
+                                   uUUUUUU-sKKKKKK.parquet),
                                    shards/UUUUUU-KKKKKK.json, units/UUUUUU.json, commit.json (staged file -> store
                                    shard id)
 """
@@ -36,6 +42,8 @@ DOCUMENTS_DIR = "documents"
 SENTENCES_DIR = "sentences"
 HEADINGS_DIR = "headings"
 PASSAGES_DIR = "passages"
+LEXICAL_DIR = "lexical"  # the sentence rows' term counts (no format bump: an older engine ignores these files)
+PASSAGE_LEXICAL_DIR = "passage_lexical"  # the passages' term counts
 STORE_DTYPES = ("float32", "float16")
 SENTENCE_ROW_GROUP = 8192
 DOCUMENT_ROW_GROUP = 256
@@ -83,6 +91,14 @@ def passages_schema(dim: int, dtype: str = "float32") -> pa.Schema:
                       pa.field("n_tokens", pa.int32(), nullable=False), _embedding(dim, dtype)])
 
 
+# a shard's term counts (engine.store.lexical): one row per distinct term of its rows (sentences or passages)
+TERMS_SCHEMA = pa.schema([
+    pa.field("term", pa.string(), nullable=False),  # engine.lexical.terms: lower-cased, not a stop word
+    pa.field("rows", pa.list_(pa.field("item", pa.int32(), nullable=False)), nullable=False),  # ascending
+    pa.field("counts", pa.list_(pa.field("item", pa.int32(), nullable=False)), nullable=False),  # >= 1 each
+])
+
+
 def shard_name(shard_id: int) -> str:
     return f"part-{shard_id:06d}.parquet"
 
@@ -117,8 +133,11 @@ STAGED_DOCUMENTS = f"{STAGING}/{DOCUMENTS_DIR}"  # a running ingest's shard file
 STAGED_SENTENCES = f"{STAGING}/{SENTENCES_DIR}"
 STAGED_HEADINGS = f"{STAGING}/{HEADINGS_DIR}"
 STAGED_PASSAGES = f"{STAGING}/{PASSAGES_DIR}"
+STAGED_LEXICAL = f"{STAGING}/{LEXICAL_DIR}"
+STAGED_PASSAGE_LEXICAL = f"{STAGING}/{PASSAGE_LEXICAL_DIR}"
 HEADING_ROW_GROUP = 8192
 PASSAGE_ROW_GROUP = 8192
+TERMS_ROW_GROUP = 65536
 
 
 def staged_name(unit_id: int, k: int) -> str:

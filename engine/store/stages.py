@@ -1,7 +1,8 @@
 """Ingest stages of one read unit: read (validate) -> cut into shards -> split (sentences, token cap) -> embed
 -> write (atomic, into _staging/), and the in-process runner. Each shard also gets its heading paths (the
 splitter's markdown / wikitext headings in force at each sentence) and its passages (engine.passages: sentence
-runs within a paragraph up to the store's passage_tokens), embedded with the same model.
+runs within a paragraph up to the store's passage_tokens), embedded with the same model, and the term counts of
+its sentences and passages for the BM25 index (engine.store.lexical).
 
 A worker does all of it for the units it is given and hands back only small records (file names, digests,
 counts, doc_ids): the driver never holds a shard's text or embeddings. `LocalRunner` runs the stages in this
@@ -23,12 +24,14 @@ import pyarrow as pa
 
 from engine.config import EngineConfig
 from engine.errors import QascError
+from engine.lexical import count_terms, term_rule
 from engine.passages import Passages, pack_passages
 from engine.splitter import SplitterConfig, heading_paths, split_sentences
 from engine.store import index_child
 from engine.store.files import ResumableError, atomic_parquet, file_digest
 from engine.store.index import build_index_file
 from engine.store.inputs import Document, InputUnit, ReadOptions, read_unit
+from engine.store.lexical import PASSAGES, ROWS, passage_texts, row_texts, terms_table
 from engine.store.schema import (
     DOCUMENT_ROW_GROUP,
     DOCUMENTS_SCHEMA,
@@ -37,8 +40,11 @@ from engine.store.schema import (
     SENTENCE_ROW_GROUP,
     STAGED_DOCUMENTS,
     STAGED_HEADINGS,
+    STAGED_LEXICAL,
+    STAGED_PASSAGE_LEXICAL,
     STAGED_PASSAGES,
     STAGED_SENTENCES,
+    TERMS_ROW_GROUP,
     headings_schema,
     passages_schema,
     sentences_schema,
@@ -214,11 +220,20 @@ def shard_tables(docs: Sequence[Document], sents: Sequence[Sentences], emb: np.n
     return documents, sentences, heads
 
 
+def term_tables(sents: Sequence[Sentences], passages: Passages | None) -> dict[str, pa.Table]:
+    """A shard's Sentences (and passages, shard-local first rows) -> its term counts tables (engine.store.lexical)
+    by the shard entry's key: the sentence rows' (ROWS) and the passages' (PASSAGES, with passages)."""
+    out = {ROWS: terms_table(count_terms(row_texts(sents)))}
+    if passages is not None:
+        out[PASSAGES] = terms_table(count_terms(passage_texts(sents, passages.first, passages.count)))
+    return out
+
+
 def write_shard(ctx: IngestContext, unit_id: int, k: int, docs: Sequence[Document], sents: Sequence[Sentences],
                 emb: np.ndarray, headings: Headings, passages: Passages | None = None) -> dict:
     """Stage write: the Parquet files of a shard into _staging/, each atomically -> the shard's record
-    (names, counts, digests, doc_ids). The driver renames them into documents/, sentences/, headings/ (and
-    passages/, when the store has passages) when it commits."""
+    (names, counts, digests, doc_ids). The driver renames them into documents/, sentences/, headings/, lexical/
+    (and passages/, passage_lexical/, when the store has passages) when it commits."""
     label = shard_label(ctx, unit_id, k)
     if len(emb) != sum(len(s) for s in sents):
         raise QascError(f"shard {label}: {len(emb)} embeddings for {sum(len(s) for s in sents)} sentences")
@@ -232,14 +247,19 @@ def write_shard(ctx: IngestContext, unit_id: int, k: int, docs: Sequence[Documen
         raise QascError(f"shard {label}: passages cover {int(passages.count.sum())} of {len(emb)} sentences, "
                         f"{len(passages.emb)} passage vectors for {len(passages.first)} passages")
     documents, sentences, heads = shard_tables(docs, sents, emb, ctx.dtype, headings)
+    terms = term_tables(sents, passages)
     name = staged_name(unit_id, k)
     record = {"unit": unit_id, "index": k, "documents": f"{STAGED_DOCUMENTS}/{name}",
               "sentences": f"{STAGED_SENTENCES}/{name}", "headings": f"{STAGED_HEADINGS}/{name}",
+              ROWS: f"{STAGED_LEXICAL}/{name}",
               "n_documents": len(docs), "n_sentences": len(emb), "n_headings": len(headings.paths),
+              "n_terms": terms[ROWS].num_rows, "term_rule": term_rule(),
               "dim": int(emb.shape[1]), "chars": sum(len(d.text) for d in docs)}
     if passages is not None:
         record["passages"] = f"{STAGED_PASSAGES}/{name}"
         record["n_passages"] = len(passages.first)
+        record[PASSAGES] = f"{STAGED_PASSAGE_LEXICAL}/{name}"
+        record["n_passage_terms"] = terms[PASSAGES].num_rows
     try:
         atomic_parquet(documents, root / record["documents"], DOCUMENT_ROW_GROUP)
         atomic_parquet(sentences, root / record["sentences"], SENTENCE_ROW_GROUP)
@@ -249,6 +269,9 @@ def write_shard(ctx: IngestContext, unit_id: int, k: int, docs: Sequence[Documen
             atomic_parquet(passage_table(passages, int(emb.shape[1]), ctx.dtype), root / record["passages"],
                            PASSAGE_ROW_GROUP)
             files.append(record["passages"])
+        for key, table in terms.items():
+            atomic_parquet(table, root / record[key], TERMS_ROW_GROUP)
+            files.append(record[key])
         record["checksums"] = {rel: file_digest(root / rel) for rel in files}
     except OSError as exc:
         raise ResumableError(f"cannot write shard {label} into {root}: {exc.strerror or exc}; finished shards "

@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import QascError, first_line
+from engine.lexical import term_rule
 from engine.store import index as faiss_index
+from engine.store import lexical as saved_terms
 from engine.store.files import file_digest
 from engine.store.manifest import read_manifest, shard_files
 from engine.store.reader import load_passages, load_shard
@@ -18,7 +20,8 @@ from engine.types import Sentences
 
 
 def referenced_files(manifest: dict) -> list[str]:
-    """Every file a manifest points at: each shard's documents, sentences and headings tables, and the index."""
+    """Every file a manifest points at: each shard's tables (documents, sentences, headings, passages, term
+    counts), and the index."""
     out = [rel for shard in manifest["shards"] for rel in shard_files(shard)]
     if manifest.get("index", {}).get("file"):
         out.append(manifest["index"]["file"])
@@ -29,7 +32,8 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
     """Every integrity check of a store -> [(check, ok, detail)]; QascError if it is not a complete store.
 
     Checksums and sizes of every file, Parquet readability and row counts, unique doc ids, offsets inside
-    their document, token cap, finite unit-norm embeddings, index size/dim/kind and its vectors against the
+    their document, token cap, finite unit-norm embeddings, the term counts saved per shard (format, counts,
+    equal to the texts counted again), index size/dim/kind and its vectors against the
     stored embeddings (a sample of rows), and the model's fingerprint/dim where the model is available.
     """
     root = Path(path).expanduser().absolute()
@@ -58,13 +62,16 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
     head_embs: list[np.ndarray] = []
     problems = []
     n_passages = 0
+    per_shard = []  # (entry, its Sentences, its passages' first and count): the term counts' check
     for shard in manifest["shards"]:
         try:
             d, _, _, e, h = load_shard(root, shard, manifest)
             docs.extend(d)
             embs.append(e)
             head_embs.append(h.emb)
-            n_passages += len(load_passages(root, shard, manifest, 0).first)
+            passages = load_passages(root, shard, manifest, 0)
+            n_passages += len(passages.first)
+            per_shard.append((shard, d, passages.first, passages.count))
         except QascError as exc:
             problems.append(str(exc))
     n_sent = sum(len(d) for d in docs)
@@ -126,6 +133,19 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
     n_heads = sum(len(h) for h in head_embs)
     check("embeddings", problems, f"{len(emb)} x {dim} {manifest['dtype']} (+ {n_heads} heading paths), finite, "
                                   f"unit norm")
+
+    problems = []
+    for shard, d, first, count in per_shard if loaded else []:
+        problems += saved_terms.shard_problems(root, shard, d, first, count)
+    if not loaded:
+        problems.append("not checked: tables unreadable")
+    shards = manifest["shards"]
+    n_saved = sum(saved_terms.ROWS in s for s in shards)
+    other = sum(saved_terms.ROWS in s and s.get("term_rule") != term_rule() for s in shards)
+    check("lexical", problems, f"{n_saved - other} of {len(shards)} shards' term counts match their texts"
+          + (f"; {len(shards) - n_saved} written before term counts were saved" if n_saved < len(shards) else "")
+          + (f"; {other} counted by another term rule (not compared; counted from the texts at open)" if other
+             else ""))
 
     problems = []
     try:
