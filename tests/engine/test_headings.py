@@ -11,6 +11,7 @@ from engine.config import EmbedderConfig, EngineConfig
 from engine.splitter import heading_paths, heading_title, split_sentences
 from engine.store import IngestConfig, Store, ingest, verify_store
 from engine.store.files import file_digest
+from tests.engine.test_lexical_store import drop_term_counts
 from tests.engine.test_store import write_corpus
 
 DOC = ("Intro line before any heading.\n\n# Privacy policy of a.com\n\nWe collect data. We share it.\n\n"
@@ -121,6 +122,7 @@ def test_store_keeps_heading_paths_per_shard(tmp_path, tiny_model):
 
 def downgrade_to_format_1(root) -> None:
     """Rewrite a store as format 1 wrote it: no heading column, no headings or passages files, manifest version 1."""
+    drop_term_counts(root)  # saved term counts came later still
     m = json.loads((root / "manifest.json").read_text())
     for shard in m["shards"]:
         st = pq.read_table(root / shard["sentences"])

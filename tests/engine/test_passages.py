@@ -18,6 +18,7 @@ from engine.query import Engine
 from engine.store import IngestConfig, Store, ingest, verify_store
 from engine.store.files import file_digest
 from kernels.params import QascParams
+from tests.engine.test_lexical_store import drop_term_counts
 from tests.engine.test_store import write_corpus
 
 DOCS = {
@@ -208,6 +209,7 @@ def test_a_store_without_passages_returns_the_chunks_alone(tmp_path, cat_store):
 
 def downgrade_to_format_2(root) -> None:
     """Rewrite a store as format 2 wrote it: no passages files, no passage_tokens, manifest version 2."""
+    drop_term_counts(root)  # saved term counts came later still
     m = json.loads((root / "manifest.json").read_text())
     for shard in m["shards"]:
         (root / shard["passages"]).unlink()

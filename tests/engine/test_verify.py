@@ -46,8 +46,8 @@ def rewrite_manifest(path: Path, edit) -> None:
 def test_good_store_passes(good_store, capsys):
     assert main(["verify", "--store", str(good_store)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [line.split()[1] for line in out[:-1]] == ["checksums", "tables", "offsets", "embeddings", "index",
-                                                       "model"]
+    assert [line.split()[1] for line in out[:-1]] == ["checksums", "tables", "offsets", "embeddings", "lexical",
+                                                       "index", "model"]
     assert all(line.startswith("ok") for line in out[:-1]) and out[-1].endswith(": OK")
 
 
@@ -65,6 +65,10 @@ def _sentences(store: Path) -> Path:
     return store / json.loads((store / "manifest.json").read_text())["shards"][1]["sentences"]
 
 
+def _lexical(store: Path, key: str = "lexical") -> Path:
+    return store / json.loads((store / "manifest.json").read_text())["shards"][1][key]
+
+
 def _index(store: Path) -> Path:
     return next(store.glob("index-*.faiss"))
 
@@ -80,8 +84,15 @@ def _index(store: Path) -> Path:
     (lambda s: rewrite_manifest(s, lambda m: m.update(dim=16)), {"tables", "index", "model", "offsets", "embeddings"},
      "embedding column"),
     (lambda s: rewrite_manifest(s, lambda m: m.update(fingerprint="0" * 16)), {"model"}, None),
+    (lambda s: _truncate(_lexical(s)), {"checksums", "lexical"}, None),
+    (lambda s: _flip(_lexical(s, "passage_lexical"), 0.4), {"checksums", "lexical"}, None),
+    (lambda s: _lexical(s).unlink(), {"checksums", "lexical"}, None),
+    (lambda s: rewrite_manifest(s, lambda m: m["shards"][0].update(n_terms=m["shards"][0]["n_terms"] + 1)),
+     {"lexical"}, None),
+    (lambda s: rewrite_manifest(s, lambda m: m["shards"][0].pop("passage_lexical")), {"lexical"}, None),
 ], ids=["parquet-truncated", "parquet-bitflip", "parquet-missing", "index-truncated", "index-bitflip",
-        "count-mismatch", "dim-mismatch", "model-mismatch"])
+        "count-mismatch", "dim-mismatch", "model-mismatch", "lexical-truncated", "passage-lexical-bitflip",
+        "lexical-missing", "lexical-terms-mismatch", "passage-lexical-unlisted"])
 def test_damage_is_detected(store, damage, checks, message, capsys):
     damage(store)
     assert checks <= failed(store)
@@ -105,6 +116,21 @@ def test_offsets_outside_the_document_are_caught(store):
     assert "tables" in failed(store)
     with pytest.raises(QascError, match="fall outside the document"):
         Store.open(store)
+
+
+def test_term_counts_that_differ_from_the_texts_are_caught(store):
+    """A term counts file rewritten (checksums matching, format intact) with one count changed: verify counts the
+    shard's texts again and finds it; the engine's index would otherwise carry the wrong weights."""
+    path = _lexical(store)
+    table = pq.read_table(path)
+    counts = table.column("counts").to_pylist()
+    counts[0][0] += 1
+    pq.write_table(table.set_column(2, "counts", pa.array(counts, table.schema.field("counts").type)), path)
+    rel = str(path.relative_to(store))
+    rewrite_manifest(store, lambda m: m["checksums"].update({rel: file_digest(path)}))
+    result = {name: (ok, detail) for name, ok, detail in verify_store(store)}
+    assert {n for n, (ok, _) in result.items() if not ok} == {"lexical"}
+    assert "differ from the shard's texts" in result["lexical"][1]
 
 
 def test_not_a_store_exits_2(tmp_path, capsys):
