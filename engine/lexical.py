@@ -122,15 +122,23 @@ def count_terms(texts: Iterable[str]) -> TermCounts:
     return TermCounts(list(vocab), row_ptr, block.terms, block.tf)
 
 
-def _as_block(part: TermCounts, remap: np.ndarray, width: int) -> _Block:
-    """part, remap (v,) int64 the store id of each of its terms, width (the store's vocabulary size) -> part's
-    rows with store ids, re-sorted within each row where remap does not keep the order -> _Block."""
+def stable_order(keys: np.ndarray, bound: int) -> np.ndarray:
+    """keys (n,) ints in [0, bound) -> (n,) int64 the stable sorting order: a radix sort (O(n)) on 16-bit keys
+    where bound <= 2^16 (a shard's rows or terms), numpy's stable sort otherwise."""
+    return np.argsort(keys.astype(np.uint16 if bound <= 1 << 16 else np.int64), kind="stable")
+
+
+def _as_block(part: TermCounts, remap: np.ndarray) -> _Block:
+    """part, remap (v,) int64 the store id of each of its terms -> part's rows with store ids, re-sorted within
+    each row (two stable radix passes: by store id, then by row) where remap does not keep the order -> _Block."""
     ids = remap[part.terms]
     per_row = np.diff(part.row_ptr)
     tf = np.asarray(part.tf, dtype=np.int32)
     if len(remap) > 1 and not bool(np.all(remap[1:] > remap[:-1])):
-        row = np.repeat(np.arange(part.n_rows, dtype=np.int64), per_row)
-        order = np.argsort(row * width + ids)  # keys are distinct: (row, term) pairs
+        rank = np.empty(len(remap), dtype=np.int64)  # each local term's place in store-id order
+        rank[np.argsort(remap)] = np.arange(len(remap))
+        by_term = stable_order(rank[part.terms], len(remap))  # then by row, stably: (row, store id) order
+        order = by_term[stable_order(np.repeat(np.arange(part.n_rows), per_row)[by_term], part.n_rows)]
         ids, tf = ids[order], tf[order]
     cum = np.concatenate([[0], np.cumsum(tf, dtype=np.int64)])
     return _Block(ids.astype(np.int32), tf, per_row, cum[part.row_ptr[1:]] - cum[part.row_ptr[:-1]])
@@ -184,7 +192,7 @@ class LexicalIndex:
         merged, remaps = merge_vocabs([part.vocab for part in parts])
         blocks = []
         for i, remap in enumerate(remaps):
-            blocks.append(_as_block(parts[i], remap, len(merged)))
+            blocks.append(_as_block(parts[i], remap))
             parts[i] = None
         vocab = dict(zip(merged.to_pylist(), range(len(merged)), strict=True))
         return cls._from_blocks(vocab, blocks, device)

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.errors import QascError, first_line
-from engine.lexical import TermCounts, count_terms, term_rule
+from engine.lexical import TermCounts, count_terms, stable_order, term_rule
 from engine.store.files import read_table
 from engine.store.schema import TERMS_SCHEMA
 from engine.types import Sentences
@@ -39,7 +39,7 @@ def terms_table(counts: TermCounts) -> pa.Table:
     """counts (n rows, v terms, nnz postings) -> TERMS_SCHEMA table (v rows: term, rows, counts), terms in
     counts.vocab's order, each term's rows ascending."""
     row = np.repeat(np.arange(counts.n_rows, dtype=np.int32), np.diff(counts.row_ptr))
-    order = np.argsort(counts.terms, kind="stable")  # term-major; rows stay ascending within a term
+    order = stable_order(counts.terms, len(counts.vocab))  # term-major; rows stay ascending within a term
     offsets = np.zeros(len(counts.vocab) + 1, dtype=np.int32)
     np.cumsum(np.bincount(counts.terms, minlength=len(counts.vocab)), out=offsets[1:])
     lists = lambda values: pa.ListArray.from_arrays(  # noqa: E731
@@ -80,7 +80,7 @@ def table_counts(table: pa.Table, n_rows: int, where: str) -> TermCounts:
     vocab = table.column("term").combine_chunks()
     if len(vocab.unique()) != v:
         raise QascError(f"{where}: a term listed twice")
-    order = np.argsort(rows, kind="stable")  # row-major; term ids (term-major input) stay ascending within a row
+    order = stable_order(rows, n_rows)  # row-major; term ids (term-major input) stay ascending within a row
     row_ptr = np.zeros(n_rows + 1, dtype=np.int64)
     np.cumsum(np.bincount(rows, minlength=n_rows), out=row_ptr[1:])
     return TermCounts(vocab, row_ptr, term[order].astype(np.int32), tf[order])
