@@ -18,19 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 
 from engine.errors import QascError, first_line
 from engine.lexical import TermCounts, count_terms, stable_order, term_rule
+from engine.passages import Passages
 from engine.store.files import read_table
 from engine.store.schema import TERMS_SCHEMA
 from engine.types import Sentences
-
-if TYPE_CHECKING:
-    from engine.store.reader import Store
 
 ROWS, PASSAGES = "lexical", "passage_lexical"  # the shard entry's keys of the two files
 
@@ -118,43 +115,44 @@ def saved(shard: dict, key: str) -> bool:
     return key in shard and shard.get("term_rule") == term_rule()
 
 
-def _shards(store: Store) -> Iterator[tuple[dict, list[Sentences], int]]:
-    """A store's shards in order -> (entry, its documents' Sentences, its first global row)."""
+def _shards(manifest: dict, docs: Sequence[Sentences]) -> Iterator[tuple[dict, Sequence[Sentences], int]]:
+    """A store's shards in order, docs (all of the store's) -> (entry, its documents' Sentences, its first row)."""
     doc = row = 0
-    for shard in store.manifest["shards"]:
+    for shard in manifest["shards"]:
         n_docs = int(shard["n_documents"])
-        yield shard, store.docs[doc : doc + n_docs], row
+        yield shard, docs[doc : doc + n_docs], row
         doc, row = doc + n_docs, row + int(shard["n_sentences"])
 
 
-def row_counts(store: Store) -> Iterator[TermCounts]:
-    """A store's sentence rows' TermCounts per shard: read where saved, else counted from the shard's texts."""
-    for shard, docs, _ in _shards(store):
+def row_counts(root: Path, manifest: dict, docs: Sequence[Sentences]) -> Iterator[TermCounts]:
+    """A store's sentence rows' TermCounts per shard (docs: all of its documents): read where saved, else counted
+    from the shard's texts."""
+    for shard, shard_docs, _ in _shards(manifest, docs):
         if saved(shard, ROWS):
-            yield read_counts(store.path, shard[ROWS], int(shard["n_sentences"]))
+            yield read_counts(root, shard[ROWS], int(shard["n_sentences"]))
         else:
-            yield count_terms(row_texts(docs))
+            yield count_terms(row_texts(shard_docs))
 
 
-def passage_counts(store: Store) -> Iterator[TermCounts]:
-    """A store's passages' TermCounts per shard (store.passages in order): read where saved, else counted from
-    the passages' texts."""
-    passages = store.passages
+def passage_counts(root: Path, manifest: dict, docs: Sequence[Sentences], passages: Passages
+                   ) -> Iterator[TermCounts]:
+    """A store's passages' TermCounts per shard (passages: the store's, global first rows, in shard order): read
+    where saved, else counted from the passages' texts."""
     at = 0
-    for shard, docs, row in _shards(store):
+    for shard, shard_docs, row in _shards(manifest, docs):
         n = int(shard.get("n_passages", 0))
         if saved(shard, PASSAGES):
-            yield read_counts(store.path, shard[PASSAGES], n)
+            yield read_counts(root, shard[PASSAGES], n)
         else:
             first, count = passages.first[at : at + n] - row, passages.count[at : at + n]
-            yield count_terms(passage_texts(docs, first, count))
+            yield count_terms(passage_texts(shard_docs, first, count))
         at += n
 
 
-def has_saved(store: Store, key: str) -> bool:
+def has_saved(manifest: dict, key: str) -> bool:
     """Whether any shard of the store has saved term counts of `key` (else the index is built from the texts
     in one pass, as before they were saved)."""
-    return any(saved(shard, key) for shard in store.manifest["shards"])
+    return any(saved(shard, key) for shard in manifest["shards"])
 
 
 def shard_problems(root: Path, shard: dict, docs: Sequence[Sentences], first: np.ndarray, count: np.ndarray

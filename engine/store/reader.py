@@ -332,11 +332,15 @@ class Store:
         """The sentence rows' term counts per shard for `LexicalIndex.from_counts` (engine.store.lexical: saved at
         ingest, or counted from the texts of a shard written before them); None for a store with none saved
         (`LexicalIndex.build` over the texts then, as before)."""
-        return saved_terms.row_counts(self) if saved_terms.has_saved(self, saved_terms.ROWS) else None
+        if not saved_terms.has_saved(self.manifest, saved_terms.ROWS):
+            return None
+        return saved_terms.row_counts(self.path, self.manifest, self.docs)
 
     def passage_term_counts(self) -> Iterator[TermCounts] | None:
         """The passages' term counts per shard, as `row_term_counts` (None: none saved)."""
-        return saved_terms.passage_counts(self) if saved_terms.has_saved(self, saved_terms.PASSAGES) else None
+        if not saved_terms.has_saved(self.manifest, saved_terms.PASSAGES):
+            return None
+        return saved_terms.passage_counts(self.path, self.manifest, self.docs, self.passages)
 
     @property
     def config(self) -> EngineConfig:
