@@ -136,7 +136,7 @@ def test_ingest_saves_counts_that_give_the_rebuilt_index(saved_store):
 
 def _answers(root: Path, monkeypatch=None) -> tuple[list, LexicalIndex, LexicalIndex]:
     engine = Engine.open(str(root), device="cpu")
-    params = QascParams(lexical_weight=0.8, lexical_spread=None, budget_tokens=60)
+    params = QascParams(lexical_weight=0.8, budget_tokens=60)
     chunks = engine.query(QUESTIONS, params)
     return ([[(c.doc_id, c.char_start, c.char_end, round(c.score, 6)) for c in q] for q in chunks],
             engine.lexical_index(), engine.passage_tier().lexical())
