@@ -19,12 +19,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
 from kernels.params import QascParams
 
-if TYPE_CHECKING:
-    from engine.config import RetrievalConfig
+# an engine.config.RetrievalConfig (engine.config imports this module, so this one names it only as a type variable;
+# its shipped defaults are type(retrieval)())
+Retrieval = TypeVar("Retrieval")
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,9 @@ def _preset(name: str, purpose: str, description: str, budget_tokens: int | None
 
 PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     _preset("answers", "precise spans", "the shipped setting: few, precise chunks, no token budget", None),
-    _preset("context", "recall within a token budget", "400 tokens a query (unless a budget is given): many "
-            "single-sentence chunks over a wider candidate region, then the budget fill", 400,
+    _preset("context", "recall within a token budget", "400 tokens a query (unless a budget is given): short "
+            "chunks around many seeds (the 16 most similar sentences, p95) over a wider region, then the budget fill",
+            400,
             qasc={"percentile": 95.0, "min_seeds": 16, "radius": 0, "adaptive": False, "margin": None,
                   "clip_to_paragraph": False, "extent": "window", "max_extent": 3, "score": "seed_sim",
                   "focus_gap": None, "far_margin": None, "block_extents": "none", "length_bonus": 0.0},
@@ -67,38 +69,36 @@ def get(name: str) -> Preset:
     return PRESETS[name]
 
 
-def knob_values(name: str) -> tuple[dict[str, object], dict[str, object]]:
+def knob_values(name: str, retrieval: Retrieval) -> tuple[dict[str, object], dict[str, object]]:
     """The preset's value of every knob -> ({QascParams field: value}, {RetrievalConfig field: value}): its
-    change, else the shipped default."""
-    from engine.config import RetrievalConfig
-
-    preset, shipped, shipped_retrieval = get(name), QascParams(), RetrievalConfig()
+    change, else the shipped default (QascParams(), type(retrieval)())."""
+    preset, shipped, shipped_retrieval = get(name), QascParams(), type(retrieval)()
     return ({k: preset.qasc.get(k, getattr(shipped, k)) for k in PRESET_QASC_FIELDS},
             {k: preset.retrieval.get(k, getattr(shipped_retrieval, k)) for k in PRESET_RETRIEVAL_FIELDS})
 
 
-def apply(name: str, params: QascParams, retrieval: RetrievalConfig) -> tuple[QascParams, RetrievalConfig]:
+def apply(name: str, params: QascParams, retrieval: Retrieval) -> tuple[QascParams, Retrieval]:
     """The preset's knobs and budget set on params and retrieval; every other field keeps its value.
 
     e.g. `apply("context", engine.config.qasc, engine.config.retrieval)` -> the setting of `qasc query --preset
     context` (budget 400 tokens; `params.replace(budget_tokens=N)` after it for another budget)."""
-    qasc, retrieval_values = knob_values(name)
+    qasc, retrieval_values = knob_values(name, retrieval)
     return params.replace(**qasc, budget_tokens=get(name).budget_tokens), replace(retrieval, **retrieval_values)
 
 
-def matching(params: QascParams, retrieval: RetrievalConfig, ignore: frozenset[str] = frozenset()) -> str | None:
+def matching(params: QascParams, retrieval: Retrieval, ignore: frozenset[str] = frozenset()) -> str | None:
     """The first preset whose knobs (those not in `ignore`) all hold params' / retrieval's values, else None. The
     budget does not count: `answers` with a budget is still `answers`."""
     for name in PRESETS:
-        qasc, retrieval_values = knob_values(name)
+        qasc, retrieval_values = knob_values(name, retrieval)
         if all(getattr(params, k) == v for k, v in qasc.items() if k not in ignore) and all(
                 getattr(retrieval, k) == v for k, v in retrieval_values.items() if k not in ignore):
             return name
     return None
 
 
-def choose(params: QascParams, retrieval: RetrievalConfig, given: frozenset[str] | set[str] = frozenset()
-           ) -> tuple[QascParams, RetrievalConfig, str | None]:
+def choose(params: QascParams, retrieval: Retrieval, given: frozenset[str] | set[str] = frozenset()
+           ) -> tuple[QascParams, Retrieval, str | None]:
     """The setting a query without a named preset answers with -> (params, retrieval, the preset's name or None).
 
     params / retrieval: the store's setting with the fields in `given` (set explicitly, e.g. on the command line)
@@ -120,11 +120,11 @@ def _flag(name: str, value: object) -> str:
     return f"{flag} {'none' if value is None else value}"
 
 
-def describe(name: str | None, params: QascParams, retrieval: RetrievalConfig) -> str:
+def describe(name: str | None, params: QascParams, retrieval: Retrieval) -> str:
     """One line: which preset answers, the knobs that differ from it (as flags), the budget and the other presets,
     e.g. `preset context (budget 400 tokens; --preset answers for precise spans)`."""
     reference = name or DEFAULT_PRESET
-    qasc, retrieval_values = knob_values(reference)
+    qasc, retrieval_values = knob_values(reference, retrieval)
     changed = [_flag(k, getattr(params, k)) for k, v in qasc.items() if getattr(params, k) != v] + [
         _flag(k, getattr(retrieval, k)) for k, v in retrieval_values.items() if getattr(retrieval, k) != v]
     budget = "no token budget" if params.budget_tokens is None else f"budget {params.budget_tokens} tokens"

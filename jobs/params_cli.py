@@ -157,7 +157,7 @@ def params_from_args(args: argparse.Namespace, base: QascParams, base_retrieval:
     on the command line, override the base."""
     changes, r_changes = {}, {}
     if preset is not None:
-        changes, r_changes = knob_values(preset)
+        changes, r_changes = knob_values(preset, base_retrieval)
         changes["budget_tokens"] = PRESETS[preset].budget_tokens
     try:
         params = base.replace(**{**changes, **_given(args, QascParams)})
