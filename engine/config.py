@@ -7,6 +7,7 @@ import warnings
 from dataclasses import asdict, dataclass, field, fields
 
 from engine.errors import QascError
+from engine.presets import PRESET_FIELDS, PRESETS, choose
 from engine.splitter import SplitterConfig
 from kernels.params import QascParams
 
@@ -80,24 +81,16 @@ def _known(kind: type, data: dict, section: str) -> dict:
     return {k: v for k, v in values.items() if k in names}
 
 
-# The budget profile: the setting `qasc query --budget-tokens N` answers with when the chunking knobs below are at
-# the shipped (F1) defaults. The development suite chooses QASC's setting twice: on F1 (the chunks alone: the shipped
-# defaults) and on recall at a 400-token budget (the chunks that `--budget-tokens` keeps, then the budget fill). Every
-# leave-one-dataset-out fold and the four sets together chose this one for the budget (bench/RESULTS.md, "The budget
-# profile"): every candidate sentence holding one of the 16 most similar rows or a p95 seed, on its own, over a wider
-# candidate region; the fill then spends the rest of the budget. The F1 setting's few, long chunks leave the fill
-# less room and rank fewer distinct regions: at 400 tokens it recalls less on medquad and policyqa than the best
-# baseline. Only these knobs change; the selection (top_k, score_margin), the similarities (heading context, lexical
-# term) and the fill keep their values.
-BUDGET_PROFILE = {"percentile": 95.0, "min_seeds": 16, "radius": 0, "adaptive": False, "margin": None,
-                  "clip_to_paragraph": False, "extent": "window", "max_extent": 3, "score": "seed_sim",
-                  "focus_gap": None, "far_margin": None, "block_extents": "none", "length_bonus": 0.0}
-BUDGET_PROFILE_RETRIEVAL = {"depth": 16, "neighbourhood": 8}
+# The budget profile: the `context` preset's knobs (engine.presets, where the data and its reasons live), which
+# `qasc query --budget-tokens N` without a preset answers with when the knobs are at the shipped (F1) defaults.
+# Read-only mappings; kept under these names for the suite's report and older callers.
+BUDGET_PROFILE = PRESETS["context"].qasc
+BUDGET_PROFILE_RETRIEVAL = PRESETS["context"].retrieval
 
 
 def budget_profile_fields() -> frozenset[str]:
-    """The QascParams and RetrievalConfig field names the budget profile sets."""
-    return frozenset(BUDGET_PROFILE) | frozenset(BUDGET_PROFILE_RETRIEVAL)
+    """The QascParams and RetrievalConfig field names the budget profile (a preset) sets."""
+    return PRESET_FIELDS
 
 
 def describe_budget_profile() -> str:
@@ -109,15 +102,9 @@ def budget_setting(params: QascParams, retrieval: RetrievalConfig,
                    given: frozenset[str] | set[str] = frozenset()) -> tuple[QascParams, RetrievalConfig, bool]:
     """The setting a query with these params answers with -> (params, retrieval, whether the profile applied).
 
-    The budget profile replaces the knobs it names when a token budget is set (params.budget_tokens), none of
-    those knobs is in `given` (the names the user set explicitly, e.g. on the command line), and each of them
-    holds the shipped default (a store frozen with another setting keeps it). Otherwise params and retrieval come
-    back unchanged."""
-    if params.budget_tokens is None or given & budget_profile_fields():
-        return params, retrieval, False
-    shipped, shipped_retrieval = QascParams(), RetrievalConfig()
-    if any(getattr(params, k) != getattr(shipped, k) for k in BUDGET_PROFILE) or any(
-            getattr(retrieval, k) != getattr(shipped_retrieval, k) for k in BUDGET_PROFILE_RETRIEVAL):
-        return params, retrieval, False
-    return (params.replace(**BUDGET_PROFILE), RetrievalConfig(**{**retrieval.__dict__, **BUDGET_PROFILE_RETRIEVAL}),
-            True)
+    engine.presets.choose: the `context` preset's knobs replace these when a token budget is set
+    (params.budget_tokens), none of the knobs is in `given` (the names the user set explicitly, e.g. on the
+    command line), and each of them holds the shipped default (a store frozen with another setting keeps it).
+    Otherwise params and retrieval come back unchanged."""
+    chosen, chosen_retrieval, _ = choose(params, retrieval, given)
+    return chosen, chosen_retrieval, (chosen, chosen_retrieval) != (params, retrieval)

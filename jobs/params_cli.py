@@ -1,12 +1,14 @@
-"""CLI flags for every QASC and retrieval parameter, mapped one to one onto the frozen dataclasses."""
+"""CLI flags for every QASC and retrieval parameter, mapped one to one onto the frozen dataclasses, and --preset
+(engine.presets): the few flags most queries need in the main group, the other knobs in an advanced one."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import fields
 
-from engine.config import RetrievalConfig, budget_setting, describe_budget_profile
+from engine.config import RetrievalConfig
 from engine.errors import QascError
+from engine.presets import PRESETS, choose, knob_values
 from kernels.params import BLOCK_RULES, EXTENT_RULES, SCORE_RULES, SNAP_RULES, QascParams
 
 QASC_HELP = {
@@ -31,7 +33,8 @@ QASC_HELP = {
     "max_tokens": "hard cap on a chunk's length in model tokens",
     "score": f"chunk score: {', '.join(SCORE_RULES)}",
     "top_k": "chunks returned per query ('none': no limit)",
-    "budget_tokens": "at most this many tokens returned per query ('none': no budget)",
+    "budget_tokens": "at most this many tokens returned per query ('none': no budget); without --preset, a budget on "
+                     "the shipped knobs answers with the context preset",
     "score_margin": "return only chunks scoring >= best - margin ('none': off)",
     "focus_gap": "return only the best chunk and the chunks in its region at most N sentences away ('none': off)",
     "far_margin": "with --focus-gap: also keep chunks elsewhere (other regions/documents) scoring >= best - "
@@ -55,6 +58,10 @@ QASC_HELP = {
                       "alone)",
 }
 UNSET = argparse.SUPPRESS  # flag not given: keep the store's value (None from a flag means 'none')
+MAIN_FIELDS = ("budget_tokens", "top_k", "max_tokens")  # QascParams flags of the main group; the rest are advanced
+ADVANCED_TITLE = "advanced"
+ADVANCED_DESCRIPTION = ("the knobs a preset sets and every other QASC, pre-retrieval and index setting; unset: the "
+                        "preset's value, else the store's frozen setting")
 RETRIEVAL_HELP = {
     "depth": "FAISS pre-retrieval depth: sentence hits per query",
     "neighbourhood": "candidate region = each hit +- this many sentences of its document",
@@ -81,54 +88,106 @@ def _flag_type(name: str, default):
     return type(default)
 
 
-def add_qasc_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds --percentile, --radius (alias -m), ... and --depth / --neighbourhood; defaults come from the store."""
-    group = parser.add_argument_group("QASC parameters (default: the store's frozen setting)")
-    for f in fields(QascParams):
+def _show(value: object) -> str:
+    """A value as the flags write it: none, on / off, 90.0."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "none" if value is None else str(value)
+
+
+def _default_text(name: str, default: object) -> str:
+    """`(default 90; preset context: 95)`: the shipped default and each preset's other value of a field."""
+    others = ""
+    for preset in PRESETS.values():
+        value = preset.budget_tokens if name == "budget_tokens" else {**preset.qasc, **preset.retrieval}.get(
+            name, default)
+        if value != default:
+            others += f"; preset {preset.name}: {_show(value)}"
+    return f"(default {_show(default)}{others})"
+
+
+def preset_help() -> str:
+    """The --preset help: each preset's line, the rule without it, the deprecated alias."""
+    names = "; ".join(f"{p.name}: {p.purpose}, {p.description}" for p in PRESETS.values())
+    return (f"named setting of the chunking and pre-retrieval knobs ({names}). Default: answers, or context when "
+            "--budget-tokens is given and no knob of the advanced group a preset sets; a store frozen with other "
+            "knobs answers with them. Flags given override the preset's values. --no-budget-profile is a "
+            "deprecated alias of --preset answers")
+
+
+def add_qasc_arguments(parser: argparse.ArgumentParser,
+                       advanced: argparse._ArgumentGroup | None = None) -> argparse._ArgumentGroup:
+    """Adds --preset, --budget-tokens, --top-k and --max-tokens to `parser`, and every other QascParams field
+    (--percentile, --radius alias -m, ...) and --depth / --neighbourhood to `advanced` (a new group "advanced" when
+    None, returned); unset flags keep the preset's or the store's value."""
+    if advanced is None:
+        advanced = parser.add_argument_group(ADVANCED_TITLE, ADVANCED_DESCRIPTION)
+    parser.add_argument("--preset", choices=tuple(PRESETS), default=None, help=preset_help())
+    # deprecated: --no-budget-profile = --preset answers; --budget-profile = the default (no preset named)
+    parser.add_argument("--budget-profile", dest="budget_profile", default=None, action=argparse.BooleanOptionalAction,
+                        help=argparse.SUPPRESS)
+    main_fields = [f for name in MAIN_FIELDS for f in fields(QascParams) if f.name == name]
+    for f in main_fields + [f for f in fields(QascParams) if f.name not in MAIN_FIELDS]:
+        group = parser if f.name in MAIN_FIELDS else advanced
         flag = "--" + f.name.replace("_", "-")
-        default = f.default
-        if isinstance(default, bool):
+        if isinstance(f.default, bool):
             group.add_argument(flag, dest=f.name, default=UNSET, action=argparse.BooleanOptionalAction,
-                               help=QASC_HELP[f.name])
+                               help=f"{QASC_HELP[f.name]} {_default_text(f.name, f.default)}")
         else:
             choices = {"snap": SNAP_RULES, "score": SCORE_RULES, "extent": EXTENT_RULES,
                        "block_extents": BLOCK_RULES}.get(f.name)
             extra = {"choices": choices} if choices else {}
             names = [flag, "-m"] if f.name == "radius" else [flag]
-            group.add_argument(*names, dest=f.name, default=UNSET, type=_flag_type(f.name, default),
-                               help=f"{QASC_HELP[f.name]} (default {default})", **extra)
-    group.add_argument("--budget-profile", dest="budget_profile", default=True, action=argparse.BooleanOptionalAction,
-                       help="with --budget-tokens and the chunking knobs at their shipped values (none of them given, "
-                            "the store frozen with them): answer with the development suite's setting for recall at "
-                            f"a budget ({describe_budget_profile()}); --no-budget-profile: the store's setting as it "
-                            "is (default on)")
-    group = parser.add_argument_group("pre-retrieval")
+            group.add_argument(*names, dest=f.name, default=UNSET, type=_flag_type(f.name, f.default),
+                               help=f"{QASC_HELP[f.name]} {_default_text(f.name, f.default)}", **extra)
     for f in fields(RetrievalConfig):
-        group.add_argument("--" + f.name, dest=f.name, type=int, default=UNSET,
-                           help=f"{RETRIEVAL_HELP[f.name]} (default {f.default})")
+        advanced.add_argument("--" + f.name, dest=f.name, type=int, default=UNSET,
+                              help=f"{RETRIEVAL_HELP[f.name]} {_default_text(f.name, f.default)}")
+    return advanced
 
 
-def params_from_args(args: argparse.Namespace, base: QascParams, base_retrieval: RetrievalConfig):
-    """args -> (QascParams, RetrievalConfig): flags given on the command line override the base."""
+def _given(args: argparse.Namespace, kind: type) -> dict:
+    """The fields of `kind` set on the command line -> their values."""
+    return {f.name: getattr(args, f.name) for f in fields(kind) if getattr(args, f.name, UNSET) is not UNSET}
+
+
+def params_from_args(args: argparse.Namespace, base: QascParams, base_retrieval: RetrievalConfig,
+                     preset: str | None = None) -> tuple[QascParams, RetrievalConfig]:
+    """args -> (QascParams, RetrievalConfig): the preset's knobs and budget (engine.presets), then the flags given
+    on the command line, override the base."""
+    changes, r_changes = {}, {}
+    if preset is not None:
+        changes, r_changes = knob_values(preset, base_retrieval)
+        changes["budget_tokens"] = PRESETS[preset].budget_tokens
     try:
-        changes = {f.name: getattr(args, f.name) for f in fields(QascParams)
-                   if getattr(args, f.name, UNSET) is not UNSET}
-        params = base.replace(**changes)
-        r_changes = {f.name: getattr(args, f.name) for f in fields(RetrievalConfig)
-                     if getattr(args, f.name, UNSET) is not UNSET}
-        retrieval = RetrievalConfig(**{**base_retrieval.__dict__, **r_changes})
+        params = base.replace(**{**changes, **_given(args, QascParams)})
+        retrieval = RetrievalConfig(**{**base_retrieval.__dict__, **r_changes, **_given(args, RetrievalConfig)})
     except (ValueError, TypeError) as exc:
         raise QascError(str(exc)) from exc
     return params, retrieval
 
 
+def preset_from_args(args: argparse.Namespace) -> str | None:
+    """The preset named on the command line (--preset, or the deprecated --no-budget-profile: answers), or None."""
+    preset = getattr(args, "preset", None)
+    if getattr(args, "budget_profile", None) is False:
+        if preset not in (None, "answers"):
+            raise QascError(f"--no-budget-profile (deprecated: --preset answers) contradicts --preset {preset}")
+        return "answers"
+    return preset
+
+
 def setting_from_args(args: argparse.Namespace, base: QascParams,
-                      base_retrieval: RetrievalConfig) -> tuple[QascParams, RetrievalConfig, bool]:
-    """args -> (QascParams, RetrievalConfig, whether the budget profile applied): `params_from_args`, then the
-    budget profile (engine.config.budget_setting) unless --no-budget-profile or one of its knobs was given."""
-    params, retrieval = params_from_args(args, base, base_retrieval)
-    if not getattr(args, "budget_profile", True):
-        return params, retrieval, False
-    given = {f.name for f in (*fields(QascParams), *fields(RetrievalConfig))
-             if getattr(args, f.name, UNSET) is not UNSET}
-    return budget_setting(params, retrieval, frozenset(given))
+                      base_retrieval: RetrievalConfig) -> tuple[QascParams, RetrievalConfig, str | None]:
+    """args -> (QascParams, RetrievalConfig, the preset that answers or None: the store's own setting). A preset
+    named: its values over the base, the flags given over them. None named: the flags over the base, then
+    engine.presets.choose (`context` when a budget is set on the shipped knobs and none of them was given)."""
+    preset = preset_from_args(args)
+    params, retrieval = params_from_args(args, base, base_retrieval, preset)
+    if preset is not None:
+        return params, retrieval, preset
+    given = frozenset(_given(args, QascParams)) | frozenset(_given(args, RetrievalConfig))
+    try:
+        return choose(params, retrieval, given)
+    except ValueError as exc:  # the store's other fields refuse the context knobs (e.g. max_seeds < 16)
+        raise QascError(f"the context preset on this store's setting: {exc}") from exc

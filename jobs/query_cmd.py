@@ -8,40 +8,48 @@ import time
 from pathlib import Path
 
 from engine.errors import QascError
+from engine.presets import PRESETS, describe
 from engine.query import DEFAULT_SLICE_SIZE, MAX_QUERY_CHARS
 from jobs.devices import add_device_argument
-from jobs.params_cli import add_qasc_arguments, setting_from_args
+from jobs.params_cli import ADVANCED_DESCRIPTION, ADVANCED_TITLE, add_qasc_arguments, setting_from_args
 from jobs.query_ray import DEFAULT_WORKERS
 from jobs.results import ResultWriter, print_table, rows_to_chunks
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The main group (the options) holds what most queries need; every other knob goes to the advanced group."""
+    p.usage = ("%(prog)s --store STORE (--queries QUERIES | --question QUESTION) [--out OUT] "
+               f"[--preset {{{','.join(PRESETS)}}}] [options]")
+    p.epilog = ("Presets (--preset) set the chunking and pre-retrieval knobs of the advanced group; flags given "
+                "override them. qasc query prints on stderr which preset answered.")
     p.add_argument("--store", required=True, help="store folder written by `qasc ingest`")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--queries", help="questions: .csv, .jsonl or .parquet with a `question` or `query` column and "
                      "an optional `id` column; '-' reads one question per line from stdin")
     src.add_argument("--question", help="a single question; prints a table")
     p.add_argument("--out", help="results file, .jsonl or .parquet (by extension); without it, a table is printed")
+    advanced = p.add_argument_group(ADVANCED_TITLE, ADVANCED_DESCRIPTION)
+    add_qasc_arguments(p, advanced)
     add_device_argument(p)
     p.add_argument("--batch-size", type=int, default=DEFAULT_SLICE_SIZE,
                    help=f"queries per slice: embedded, answered and written to --out together (bounds memory; "
                    f"default {DEFAULT_SLICE_SIZE})")
-    p.add_argument("--nprobe", type=int, default=None,
-                   help="ivf stores: inverted lists probed per query (default: the store's, at least 1/16 of its lists "
-                        "and 16; more = higher recall, slower); local path only")
-    p.add_argument("--max-codes", type=int, default=None,
-                   help="ivf stores: at most this many codes scanned per query, the probed lists nearest first "
-                        "(FAISS's max_codes; default: none); local path only")
-    p.add_argument("--ivf-source", choices=("codes", "vectors"), default=None,
-                   help="ivf stores: what the torch scan reads: the store's own vectors (default: the embeddings in "
-                        "memory once) or the index's 8-bit codes (paged in from the index file); local path only")
     p.add_argument("--ray", action="store_true", help="run as a Ray job: shards of queries on actors")
     p.add_argument("--ray-address", default=None, help="Ray cluster address ('auto' = the running cluster); "
                    "implies --ray; default: RAY_ADDRESS, else the cluster of a `ray job submit` job, else a "
                    "local Ray instance")
     p.add_argument("--workers", type=int, default=None,
                    help=f"Ray query actors (each opens the store once; default {DEFAULT_WORKERS}); needs --ray")
-    add_qasc_arguments(p)
+    advanced.add_argument("--nprobe", type=int, default=None,
+                          help="ivf stores: inverted lists probed per query (default: the store's, at least 1/16 of "
+                               "its lists and 16; more = higher recall, slower); local path only")
+    advanced.add_argument("--max-codes", type=int, default=None,
+                          help="ivf stores: at most this many codes scanned per query, the probed lists nearest "
+                               "first (FAISS's max_codes; default: none); local path only")
+    advanced.add_argument("--ivf-source", choices=("codes", "vectors"), default=None,
+                          help="ivf stores: what the torch scan reads: the store's own vectors (default: the "
+                               "embeddings in memory once) or the index's 8-bit codes (paged in from the index "
+                               "file); local path only")
 
 
 def _csv_header(src: Path) -> list[str]:
@@ -151,7 +159,7 @@ def read_queries(path: str) -> tuple[list[str], list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.config import EngineConfig, describe_budget_profile
+    from engine.config import EngineConfig
     from engine.embedder import resolve_device
     from engine.query import Engine
     from engine.store import read_manifest
@@ -194,12 +202,9 @@ def run(args: argparse.Namespace) -> int:
     if args.ivf_source is not None and kind != "ivf":
         raise QascError(f"--ivf-source applies to ivf stores; {args.store} has a {kind} index")
     stored = EngineConfig.from_dict(manifest.get("config", {}))
-    params, retrieval, profiled = setting_from_args(args, stored.qasc, stored.retrieval)
-    if profiled:
-        print(f"budget profile: --budget-tokens {params.budget_tokens} on the shipped chunking setting answers with "
-              f"the development suite's budget setting ({describe_budget_profile()}); --no-budget-profile keeps the "
-              "store's setting", file=sys.stderr)
+    params, retrieval, preset = setting_from_args(args, stored.qasc, stored.retrieval)
     writer = ResultWriter(args.out) if args.out else None  # checks --out before any work
+    print(f"qasc query: {describe(preset, params, retrieval)}", file=sys.stderr)
     started = time.perf_counter()
     if ray:
         from jobs.query_ray import run_query_job

@@ -1,6 +1,6 @@
-"""The budget profile: `qasc query --budget-tokens N` on the shipped chunking setting answers with the development
-suite's budget setting; any of its knobs given, a store frozen with another setting, or --no-budget-profile keep
-the setting as it is."""
+"""The budget profile (now the `context` preset chosen without --preset): `qasc query --budget-tokens N` on the
+shipped chunking setting answers with the development suite's budget setting; any of its knobs given, a store frozen
+with another setting, or --no-budget-profile (deprecated: --preset answers) keep the setting as it is."""
 
 from __future__ import annotations
 
@@ -64,14 +64,15 @@ def _parse(argv):
     (["--budget-tokens", "300"], True),
     (["--budget-tokens", "300", "--top-k", "3", "--fill-diversity", "0"], True),
     (["--budget-tokens", "300", "--no-budget-profile"], False),
+    (["--budget-tokens", "300", "--budget-profile"], True),  # the default, named (deprecated)
     (["--budget-tokens", "300", "--percentile", "90"], False),  # given, even at the shipped value
     (["--budget-tokens", "300", "--neighbourhood", "2"], False),
     ([], False),
     (["--budget-tokens", "none"], False),
 ])
 def test_flags_decide_the_profile(argv, applied):
-    params, retrieval, profiled = setting_from_args(_parse(argv), SHIPPED, SHIPPED_RETRIEVAL)
-    assert profiled is applied
+    params, retrieval, preset = setting_from_args(_parse(argv), SHIPPED, SHIPPED_RETRIEVAL)
+    assert (preset == "context") is applied
     assert (params.percentile == 95.0 and retrieval.depth == 16) is applied
 
 
@@ -97,6 +98,7 @@ def test_cli_budget_answers_with_the_profile(demo_store, tmp_path, capsys):
         assert main(base + ["--out", str(out), *extra]) == 0
         runs[name] = (_rows(out), capsys.readouterr().err)
     assert runs["profile"][0] == runs["explicit"][0]  # the profile is exactly its flags
-    assert "budget profile: --budget-tokens 120" in runs["profile"][1]
-    assert "budget profile" not in runs["explicit"][1] + runs["shipped"][1]
+    assert "qasc query: preset context (budget 120 tokens; --preset answers for precise spans)" in runs["profile"][1]
+    assert "qasc query: preset answers with --percentile 95.0" in runs["explicit"][1]
+    assert "qasc query: preset answers (budget 120 tokens;" in runs["shipped"][1]
     assert runs["profile"][0] != runs["shipped"][0]  # and not the F1 setting's chunks
