@@ -13,7 +13,7 @@ export RAY_DATA_DISABLE_PROGRESS_BARS ?= 1
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test install lint clean gpu-pack
+.PHONY: demo test test-fast install lint clean gpu-pack
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,13 @@ demo: $(STAMP)
 test: export OMP_WAIT_POLICY ?= PASSIVE
 test: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider
+
+# the edit loop (< 2 min on 2 cores): no model, no Ray (marker `slow` deselected), the kernel twins' property tests
+# at a quarter of their example budgets (KERNELS_HYPOTHESIS_SCALE); `make test` runs everything
+test-fast: export OMP_WAIT_POLICY ?= PASSIVE
+test-fast: export KERNELS_HYPOTHESIS_SCALE ?= 0.25
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not gpu"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check engine kernels jobs tests bench
