@@ -165,7 +165,7 @@ def parse_method(name: str) -> tuple[str, float | None]:
     """A `--methods` name -> (kind, size): ("fixed", 64), ("recursive-c", 400), ("recursive-t", 200),
     ("semchunk", 128), ("semantic", 95.0), ("peer" | "sentences" | "qasc" | "llm-ppl" | "llm-agentic", None);
     QascError for a name `qasc eval` does not know (checked before any work, and by make_chunkers)."""
-    if name in P.PEER_METHODS:
+    if P.is_peer(name):  # the peers' own code (peers.py, pipelines.py, hybrid.py)
         return "peer", None
     if name in ("sentences", "qasc", "llm-ppl", "llm-agentic"):
         return name, None
@@ -183,8 +183,10 @@ def parse_method(name: str) -> tuple[str, float | None]:
             pct = float(name[len("semantic-p"):])
             if 0 < pct < 100:
                 return "semantic", pct
+    from jobs.eval import hybrid, pipelines
+
     raise QascError(f"unknown method {name!r}; known: {', '.join(B.DEFAULT_METHODS)}, recursive-<N>t, "
-                    f"semantic-p<P>")
+                    f"semantic-p<P>, {pipelines.PATTERN}, {hybrid.PATTERN}")
 
 
 def check_methods(names: Sequence[str]) -> None:
@@ -230,8 +232,11 @@ def baseline_run(chunks: ChunkSet, chunker: B.Chunker, query_emb: np.ndarray, qu
     small = float(np.percentile(chunks.n_tokens, 10)) if len(chunks) else 1.0
     depth = min(len(chunks), max(max(cfg.ks), min(RANK_DEPTH_MAX, int(max(cfg.budgets) / max(small, 1.0)) + 4)))
     name, note = chunker.name, chunker.note
+    own = getattr(chunker, "rank", None)  # hybrid retrievers rank with their own signals (pipelines.py, hybrid.py)
     if not len(chunks):
         ranked = [[] for _ in questions]
+    elif own is not None:
+        ranked = own(chunks, query_emb, questions, cutter.texts, max(depth, 1))
     elif context is not None:
         corpora, engine, embedder, cache, weight, residual, alpha = context
         paths, path = C.chunk_paths(chunks, corpora)
@@ -506,7 +511,8 @@ def evaluate_methods(dataset: Dataset, query_emb: np.ndarray, chunksets: dict[st
     lexical = default.lexical_weight  # the baselines get QASC's whole scoring model too
     for name, (chunker, chunks) in chunksets.items():
         runs[name] = baseline_run(chunks, chunker, query_emb, dataset.questions, cfg, cutter)
-        if cfg.baseline_context and weight > 0 and embedder is not None:  # QASC's retrieval lever, fair table
+        own_ranking = hasattr(chunker, "rank")  # a retriever of its own: no dense re-ranking with QASC's context
+        if cfg.baseline_context and weight > 0 and embedder is not None and not own_ranking:  # QASC's lever
             runs[name + C.SUFFIX] = baseline_run(chunks, chunker, query_emb, dataset.questions, cfg, cutter,
                                                  (dataset.corpora, engine, embedder, cache, weight, residual,
                                                   lexical))

@@ -34,7 +34,9 @@ PEER_METHODS = ("lc-semantic", "chonkie-semantic", "semchunk-128", "semchunk-256
                 "li-automerge")
 PINNED = {  # what pyproject's `eval` extra pins (reported with the results)
     "langchain-experimental": "langchain_experimental", "chonkie": "chonkie", "semchunk": "semchunk",
-    "llama-index-core": "llama_index.core",
+    "llama-index-core": "llama_index.core", "langchain-classic": "langchain_classic",
+    "langchain-community": "langchain_community", "rank-bm25": "rank_bm25",
+    "llama-index-retrievers-bm25": "llama_index.retrievers.bm25", "bm25s": "bm25s",
 }
 
 
@@ -252,6 +254,12 @@ def _llama_document(text: str, corpus_id: str):
     return Document(text=text, id_=corpus_id)
 
 
+def _node_id(i: int, doc) -> str:
+    """Deterministic LlamaIndex node ids ("<corpus>:<i>"; its default is a random uuid, which orders the
+    vector store's equal-score ties at random)."""
+    return f"{doc.doc_id}:{i}"
+
+
 class SentenceWindow(PeerChunker):
     """LlamaIndex's sentence-window recipe: SentenceWindowNodeParser(window_size=3) makes one node per
     sentence (its NLTK Punkt splitter), each embedded alone and searched; MetadataReplacementPostProcessor then
@@ -272,12 +280,13 @@ class SentenceWindow(PeerChunker):
     def key(self) -> str:
         return f"{self.name}-w{self.window}-v{self.version}"
 
-    def spans(self, corpus_id: str, text: str) -> list[Span]:
+    def nodes(self, corpus_id: str, text: str) -> tuple[list, list[Span | None]]:
+        """-> LlamaIndex's sentence nodes of `text` and each one's trimmed span (None: whitespace only)."""
         require("llama_index.core", "llama-index-core")
         from llama_index.core.node_parser import SentenceWindowNodeParser
 
         llama_index_offline()
-        parser = SentenceWindowNodeParser.from_defaults(window_size=self.window)
+        parser = SentenceWindowNodeParser.from_defaults(window_size=self.window, id_func=_node_id)
         nodes = parser.get_nodes_from_documents([_llama_document(text, corpus_id)])
         raw: list[Span] = []
         cursor = 0
@@ -287,12 +296,14 @@ class SentenceWindow(PeerChunker):
                 raise QascError(f"LlamaIndex sentence not found in the text after {cursor}: {n.text[:80]!r}")
             raw.append((s, s + len(n.text)))
             cursor = s + len(n.text)
-        spans = [_trimmed(text, [r])[0] if _trimmed(text, [r]) else None for r in raw]
         for i, n in enumerate(nodes):  # our window rule == LlamaIndex's window metadata
             lo, hi = max(0, i - self.window), min(len(nodes), i + self.window + 1)
             if Locator.squeeze(n.metadata["window"]) != Locator.squeeze(text[raw[lo][0] : raw[hi - 1][1]]):
                 raise QascError(f"LlamaIndex window of sentence {i} does not match the text")
-        return [s for s in spans if s is not None]
+        return nodes, [next(iter(_trimmed(text, [r])), None) for r in raw]
+
+    def spans(self, corpus_id: str, text: str) -> list[Span]:
+        return [s for s in self.nodes(corpus_id, text)[1] if s is not None]
 
     def windows(self, chunks, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """ChunkSet rows (sentences) -> window starts, ends: rows i-w .. i+w of the same corpus."""
@@ -452,6 +463,18 @@ class AutoMerge(PeerChunker):
         return views
 
 
+def _families():
+    """The peer modules beside this one (imported here: they import this module)."""
+    from jobs.eval import hybrid, pipelines
+
+    return pipelines, hybrid
+
+
+def is_peer(name: str) -> bool:
+    """Is `name` a peer method: one of PEER_METHODS, semchunk-<N>, or a pipeline / simple retriever name."""
+    return name in PEER_METHODS or any(m.parse(name) is not None for m in _families())
+
+
 def make_peer(name: str, embedder) -> Chunker:
     tok = embedder.tokenizer
     if name == "lc-semantic":
@@ -464,5 +487,10 @@ def make_peer(name: str, embedder) -> Chunker:
         return SentenceWindow(tok)
     if name == "li-automerge":
         return AutoMerge(tok)
-    raise QascError(f"unknown peer {name!r}; known: {', '.join(PEER_METHODS)}, semchunk-<N>")
-
+    for module in _families():
+        made = module.make(name, embedder)
+        if made is not None:
+            return made
+    pipelines, hybrid = _families()
+    raise QascError(f"unknown peer {name!r}; known: {', '.join(PEER_METHODS)}, semchunk-<N>, {pipelines.PATTERN}, "
+                    f"{hybrid.PATTERN}")

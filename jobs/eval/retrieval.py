@@ -121,14 +121,20 @@ def corpus_spans(chunker: Chunker, corpus_id: str, text: str, cache: EvalCache) 
 
 
 def embed_corpus(embedder, chunker_key: str, corpus_id: str, text: str, spans: Sequence[Span],
-                 cache: EvalCache) -> tuple[np.ndarray, np.ndarray, bool]:
-    """-> emb (N, dim) float32, n_tokens (N,) int32, and whether the cache had them."""
+                 cache: EvalCache, index_texts: Sequence[str] | None = None) -> tuple[np.ndarray, np.ndarray, bool]:
+    """-> emb (N, dim) float32, n_tokens (N,) int32, and whether the cache had them.
+
+    index_texts (N): what is embedded instead of the spans' own texts (a chunker's `index_texts`, e.g. each
+    chunk prefixed by its heading path); n_tokens always counts the spans' texts (what a method returns)."""
     key = f"{model_key(embedder)}|{chunker_key}|{corpus_id}|{sha(text)}|{sha(json.dumps(list(spans)))}"
+    if index_texts is not None:
+        key += f"|{sha(json.dumps(list(index_texts)))}"
     got = cache.load_arrays("emb", key)
     if got is not None:
         return got["emb"], got["n_tokens"], True
     texts = [text[s:e] for s, e in spans]
-    emb = embedder.encode(texts) if texts else np.zeros((0, embedder.dim), np.float32)
+    embedded = texts if index_texts is None else list(index_texts)
+    emb = embedder.encode(embedded) if texts else np.zeros((0, embedder.dim), np.float32)
     n_tokens = embedder.count_tokens(texts).astype(np.int32)
     cache.save_arrays("emb", key, emb=emb, n_tokens=n_tokens)
     return emb, n_tokens, False
@@ -145,7 +151,9 @@ def build_chunkset(chunker: Chunker, corpora: dict[str, str], embedder, cache: E
         t0 = time.perf_counter()
         spans = corpus_spans(chunker, cid, text, cache)
         t1 = time.perf_counter()
-        emb, n_tok, hit = embed_corpus(embedder, chunker.key(), cid, text, spans, cache)
+        index = getattr(chunker, "index_texts", None)  # what is embedded, when not the chunks' own texts
+        emb, n_tok, hit = embed_corpus(embedder, chunker.key(), cid, text, spans, cache,
+                                       None if index is None else index(cid, text, spans))
         t2 = time.perf_counter()
         t_chunk += t1 - t0
         t_embed += t2 - t1
