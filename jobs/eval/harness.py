@@ -23,7 +23,7 @@ import numpy as np
 from engine.errors import QascError
 from jobs.eval import baselines as B
 from jobs.eval import context as C
-from jobs.eval import peers as P
+from jobs.eval import peer_methods as PM
 from jobs.eval import qasc as Q
 from jobs.eval.crossval import CVResult, best_in_sample, leave_one_corpus_out
 from jobs.eval.data import Dataset, Question, load_dataset
@@ -165,7 +165,7 @@ def parse_method(name: str) -> tuple[str, float | None]:
     """A `--methods` name -> (kind, size): ("fixed", 64), ("recursive-c", 400), ("recursive-t", 200),
     ("semchunk", 128), ("semantic", 95.0), ("peer" | "sentences" | "qasc" | "llm-ppl" | "llm-agentic", None);
     QascError for a name `qasc eval` does not know (checked before any work, and by make_chunkers)."""
-    if P.is_peer(name):  # the peers' own code (peers.py, pipelines.py, hybrid.py)
+    if PM.is_peer(name):  # the peers' own code (peers.py, pipelines.py, hybrid.py)
         return "peer", None
     if name in ("sentences", "qasc", "llm-ppl", "llm-agentic"):
         return name, None
@@ -211,7 +211,7 @@ def make_chunkers(names: Sequence[str], embedder, sentence_source, cfg: EvalConf
         elif kind == "semantic":
             out.append(B.SemanticChunker(sentence_source, float(size)))
         elif kind in ("peer", "semchunk"):
-            out.append(P.make_peer(name, embedder))
+            out.append(PM.make_peer(name, embedder))
         elif kind == "llm-agentic":
             if not cfg.llm_url:
                 log("llm-agentic skipped: it needs --llm-url")

@@ -461,36 +461,3 @@ class AutoMerge(PeerChunker):
         if budgets:
             views.append(("deep", [merge(h) for h in ranked], budgets))
         return views
-
-
-def _families():
-    """The peer modules beside this one (imported here: they import this module)."""
-    from jobs.eval import hybrid, pipelines
-
-    return pipelines, hybrid
-
-
-def is_peer(name: str) -> bool:
-    """Is `name` a peer method: one of PEER_METHODS, semchunk-<N>, or a pipeline / simple retriever name."""
-    return name in PEER_METHODS or any(m.parse(name) is not None for m in _families())
-
-
-def make_peer(name: str, embedder) -> Chunker:
-    tok = embedder.tokenizer
-    if name == "lc-semantic":
-        return LangChainSemantic(embedder)
-    if name == "chonkie-semantic":
-        return ChonkieSemantic(embedder)
-    if name.startswith("semchunk-"):
-        return Semchunk(int(name.split("-")[1]), tok)
-    if name == "li-sentence-window":
-        return SentenceWindow(tok)
-    if name == "li-automerge":
-        return AutoMerge(tok)
-    for module in _families():
-        made = module.make(name, embedder)
-        if made is not None:
-            return made
-    pipelines, hybrid = _families()
-    raise QascError(f"unknown peer {name!r}; known: {', '.join(PEER_METHODS)}, semchunk-<N>, {pipelines.PATTERN}, "
-                    f"{hybrid.PATTERN}")

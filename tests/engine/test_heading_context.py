@@ -163,24 +163,24 @@ def test_low_precision_heading_shortlist_gives_the_same_chunks(policy_engine, mo
     """The int8 (CPUs with int8 dot products) and bf16 (native bf16) shortlists of the best heading paths, used on
     large stores, return what the float32 product returns: forced on for this tiny store, every question's chunks
     are the same."""
-    import engine.query as query_module
+    import engine.tables as query_module  # the heading paths' tables live there
 
     monkeypatch.setattr(query_module, "HEADING_SHORTLIST_MIN_PATHS", 0)
     monkeypatch.setattr(query_module, "cpu_has_int8_dot", lambda: kind == "int8")
     monkeypatch.setattr(query_module, "cpu_has_native_bf16", lambda: kind == "bf16")
-    policy_engine.__dict__.pop("_heading_low", None)
+    policy_engine._tables.pop(("heading_low",), None)
     try:
         table, scale = policy_engine.heading_low()
         assert table.dtype == (torch.int8 if kind == "int8" else torch.bfloat16)
         assert (scale is not None) == (kind == "int8")
         fast = policy_engine.query(QUESTIONS, retrieval=WIDE)
     finally:
-        policy_engine.__dict__.pop("_heading_low", None)
+        policy_engine._tables.pop(("heading_low",), None)
     monkeypatch.setattr(query_module, "cpu_has_int8_dot", lambda: False)
     monkeypatch.setattr(query_module, "cpu_has_native_bf16", lambda: False)
     assert policy_engine.heading_low() == (None, None)
     exact = policy_engine.query(QUESTIONS, retrieval=WIDE)
-    policy_engine.__dict__.pop("_heading_low", None)
+    policy_engine._tables.pop(("heading_low",), None)
     assert [[(c.doc_id, c.char_start, c.char_end) for c in cs] for cs in fast] == \
         [[(c.doc_id, c.char_start, c.char_end) for c in cs] for cs in exact]
     assert all(a.score == pytest.approx(b.score, abs=1e-6) for x, y in zip(fast, exact, strict=True)

@@ -181,9 +181,9 @@ def test_passages_load_only_for_a_budget_fill(cat_store):
     q = ["How do cats communicate?"]
     engine.query(q)  # no budget
     engine.query(q, QascParams(budget_tokens=60, budget_fill=False))  # a budget without the fill
-    assert engine._passages is False and engine.store._passages is None  # neither the tier nor the store's table
+    assert ("passage_tier",) not in engine._tables and engine.store._passages is None  # neither tier nor table
     engine.query(q, QascParams(budget_tokens=60))
-    tier = engine._passages
+    tier = engine._tables[("passage_tier",)]
     assert tier is not None and tier is not False and len(tier) == len(engine.store.passages.first)
     assert not isinstance(tier._texts, list)  # the texts are sliced for the lexical index, not held
     index = tier.lexical()

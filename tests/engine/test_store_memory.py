@@ -184,10 +184,11 @@ def spans(results):
 def test_float16_engine_answers_like_float32(monkeypatch):
     """Same chunks, scores within fp16 tolerance; the blocked float32 stats equal the kernels' unblocked ones."""
     import engine.query as query
+    import engine.tables as tables
     from kernels.extents import block_stats, neighbour_dots
     from kernels.params import QascParams
 
-    monkeypatch.setattr(query, "STATS_BLOCK_ROWS", 700)  # several blocks, cut inside documents
+    monkeypatch.setattr(tables, "STATS_BLOCK_ROWS", 700)  # several blocks, cut inside documents
     e32 = query.Engine(memory_store("float32"), None, EngineConfig(), torch.device("cpu"))
     e16 = query.Engine(memory_store("float16"), None, EngineConfig(), torch.device("cpu"))
     assert e16.embeddings.dtype == torch.float16 and e32.embeddings.dtype == torch.float32

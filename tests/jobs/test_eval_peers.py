@@ -10,6 +10,7 @@ import pytest
 
 from engine.errors import QascError
 from jobs.eval import peers as P
+from jobs.eval.peer_methods import make_peer
 from jobs.eval.retrieval import ChunkSet, TokenCutter
 
 TEXT = (
@@ -69,7 +70,7 @@ def test_locator_overlapping_siblings_in_repetitive_text():
 def test_peer_offsets_exact_and_deterministic(name, embedder, tok):
     pytest.importorskip({"lc-semantic": "langchain_experimental", "chonkie-semantic": "chonkie",
                          "semchunk": "semchunk", "li-sentence-window": "llama_index.core"}[name])
-    chunker = P.Semchunk(24, tok) if name == "semchunk" else P.make_peer(name, embedder)
+    chunker = P.Semchunk(24, tok) if name == "semchunk" else make_peer(name, embedder)
     assert chunker.family == "peer" and chunker.note and chunker.expensive
     spans = chunker.spans(ABOUT, TEXT)
     check_spans(spans, TEXT)
