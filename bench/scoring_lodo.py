@@ -3,8 +3,9 @@
 Each variant is a complete `qasc query` setting (QascParams + RetrievalConfig, selection included: what a user
 gets from the CLI). Per set, one store (the eval cache's) and the question vectors are built once; every variant
 is one engine pass per set (~1-8 s). Beside them, the simple retrievers that practitioners build over the same
-sentences: dense cosine, BM25 (the store's own LexicalIndex) and reciprocal rank fusion of the two (k = 60 over
-each one's top 100), each at k = 1..10. Leave-one-dataset-out: for each held-out set, each family's member
+sentences: dense cosine, BM25 (the store's own LexicalIndex), reciprocal rank fusion of the two (k = 60 over each
+one's top 100), BM25 over each sentence prefixed by its heading path ("contextual chunk headers", bm25-ctx) and
+its RRF with dense (rrf-ctx), each at k = 1..10. Leave-one-dataset-out: for each held-out set, each family's member
 (variant, or k) is chosen on the other five sets' pooled questions (mean F1) and scored on the held-out one.
 
     python -m bench.scoring_lodo --variants defaults,nogates --out /tmp/lodo.json
@@ -72,21 +73,44 @@ def simple_retrievers(engine, qemb, ds, ks=range(1, 11)) -> dict[str, np.ndarray
     index = engine.lexical_index()
     ptr, terms, _ = index.query_terms([q.text for q in ds.questions])
     bm25 = index.dense_scores(ptr, terms)  # (Q, N)
-    depth = min(RRF_DEPTH, sims.shape[1])
-    dense_top = sims.topk(depth, dim=1).indices
-    bm_top = bm25.topk(depth, dim=1).indices
-    rrf = torch.zeros_like(sims)
-    ranks = 1.0 / (RRF_K + torch.arange(1, depth + 1, dtype=torch.float32))
-    rrf.scatter_add_(1, dense_top, ranks.expand_as(dense_top).contiguous())
-    rrf.scatter_add_(1, bm_top, ranks.expand_as(bm_top).contiguous())
+    bm25_ctx = headed_bm25(engine, [q.text for q in ds.questions])
     out = {}
-    for name, score in (("dense", sims), ("bm25", bm25), ("rrf", rrf)):
+    for name, score in (("dense", sims), ("bm25", bm25), ("rrf", rrf_of(sims, bm25)), ("bm25-ctx", bm25_ctx),
+                        ("rrf-ctx", rrf_of(sims, bm25_ctx))):
         order = score.topk(max(ks), dim=1).indices.numpy()
         for k in ks:
             hits = [[(table.doc_ids[int(table.doc[r])], int(table.char_start[r]), int(table.char_end[r]), 0, 0.0, 1)
                      for r in row[:k]] for row in order]
             out[f"{name}-sentences|k={k}"] = f1_of(hits, ds.questions)
     return out
+
+
+def rrf_of(a, b):
+    """(Q, N) scores of two rankings -> (Q, N) reciprocal rank fusion, k = RRF_K over each one's top RRF_DEPTH."""
+    import torch
+
+    depth = min(RRF_DEPTH, a.shape[1])
+    ranks = 1.0 / (RRF_K + torch.arange(1, depth + 1, dtype=torch.float32))
+    out = torch.zeros_like(a)
+    for score in (a, b):
+        top = score.topk(depth, dim=1).indices
+        out.scatter_add_(1, top, ranks.expand_as(top).contiguous())
+    return out
+
+
+def headed_bm25(engine, questions):
+    """BM25 over each sentence prefixed by its heading path ("contextual chunk headers"; the text alone without
+    one) -> (Q, N) scores."""
+    from engine.lexical import LexicalIndex
+
+    table, headings = engine.row_table, engine.heading_tensors()
+    paths = list(getattr(engine.store, "heading_paths", []))
+    row_heading = headings[1].tolist() if headings is not None else [-1] * engine.n_total
+    texts = [(paths[h] + " " if h >= 0 else "") + table.texts[int(table.doc[r])][table.char_start[r]:table.char_end[r]]
+             for r, h in enumerate(row_heading)]
+    index = LexicalIndex.build(texts)
+    ptr, terms, _ = index.query_terms(questions)
+    return index.dense_scores(ptr, terms)
 
 
 def lodo(per_set: dict[str, dict[str, np.ndarray]], family) -> dict[str, tuple[str, float]]:
@@ -142,9 +166,9 @@ def main(argv=None) -> int:
             t = time.perf_counter()
             per_set[s][v] = run_variant(engine, qemb, ds, params, retrieval)
             log(f"{s} {v}: F1 {100 * per_set[s][v].mean():.1f} ({time.perf_counter() - t:.1f} s)")
-    families = {f: [m for m in per_set[next(iter(per_set))] if m.startswith(f + "-sentences|")]
-                for f in ("dense", "bm25", "rrf")}
-    families["simple-best"] = [m for f in ("dense", "bm25", "rrf") for m in families[f]]
+    simple = ("dense", "bm25", "rrf", "bm25-ctx", "rrf-ctx")
+    families = {f: [m for m in per_set[next(iter(per_set))] if m.startswith(f + "-sentences|")] for f in simple}
+    families["simple-best"] = [m for f in simple for m in families[f]]
     for v in names:
         families[v] = [v]
     for spec in filter(None, args.families.split(";")):
