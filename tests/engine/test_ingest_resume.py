@@ -42,9 +42,9 @@ def run_cli(args: list[str], failpoint: str | None = None, kill_after_shards: in
         env["QASC_FAILPOINT"] = failpoint
     cmd = [sys.executable, "-m", "jobs.cli", *args]
     if kill_after_shards is None:
-        return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600
     while proc.poll() is None and time.monotonic() < deadline:
         if len(list((store / "_staging" / "shards").glob("*.json"))) >= kill_after_shards:
             proc.send_signal(signal.SIGKILL)
