@@ -241,8 +241,8 @@ def test_nan_embeddings(tmp_path, tiny_model):
 
 def test_disk_full(tmp_path, tiny_model, monkeypatch, base_store):
     """ENOSPC while writing: a clear message, the finished shards are kept, the same command resumes."""
-    monkeypatch.setenv("QASC_FAILPOINT", "parquet-write:5:enospc")  # shard 0 = 4 files fine (documents, sentences,
-    # headings, passages), shard 1: disk full
+    monkeypatch.setenv("QASC_FAILPOINT", "parquet-write:7:enospc")  # shard 0 = 6 files fine (documents, sentences,
+    # headings, passages, lexical, passage_lexical), shard 1: disk full
     corpus = write_corpus(tmp_path / "c")
     config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
     with pytest.raises(QascError, match=r"cannot write shard 1 into .*: No space left on device; finished shards "
