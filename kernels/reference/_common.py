@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import struct
+
 import torch
 
 _INF = float("inf")
@@ -60,3 +63,19 @@ def _round(x: float, dtype: torch.dtype) -> float:
 def _sqrt(x: float, dtype: torch.dtype) -> float:
     """sqrt(max(x, 0)) rounded as torch rounds it (torch's CPU sqrt can differ from math.sqrt by one ulp)."""
     return torch.tensor(max(x, 0.0), dtype=dtype).sqrt().item()
+
+
+def _f32(x: float) -> float:
+    """x rounded to the nearest float32 (+-inf past its range): one IEEE float32 operation on float32 inputs is
+    the float64 result rounded this way (float64 holds the exact product, sum or quotient to round once)."""
+    try:
+        return struct.unpack("f", struct.pack("f", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
+def _int8(x: float) -> int:
+    """x rounded to the nearest integer (halves to even, as torch.round), clamped to [-127, 127]."""
+    if not math.isfinite(x):
+        return 127 if x > 0 else -127
+    return max(-127, min(127, round(x)))

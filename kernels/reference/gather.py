@@ -1,4 +1,4 @@
-"""Loop twins of kernels.gather."""
+"""Loop twins of kernels.gather: dot products with gathered table rows, runs of equal keys."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from kernels.reference._common import _rows, _to_tensor
 
 def gathered_dots(table: torch.Tensor, query: torch.Tensor, index: torch.Tensor, valid: torch.Tensor,
                   block_elements: int = 0) -> torch.Tensor:
-    """Twin of kernels.gather.gathered_dots: each valid entry's dot product in float64, one at a time."""
+    """(Q, L) float32: query[q] . table[index[q, l]] (float64 sum) where valid, 0 elsewhere (invalid entries are
+    never read); block_elements only bounds the kernel's memory."""
     rows = _rows(table.double())
     out = []
     for q, idx, oks in zip(_rows(query.double()), _rows(index), _rows(valid), strict=True):
@@ -19,7 +20,8 @@ def gathered_dots(table: torch.Tensor, query: torch.Tensor, index: torch.Tensor,
 
 
 def segment_first(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Twin of kernels.gather.segment_first: walk each row, a new run wherever the key changes."""
+    """seg (Q, L) int64, first (Q, U) int64: runs of equal consecutive keys numbered 0, 1, ... per row, and each
+    run's key (-1 past a row's last run, U the most runs of any row)."""
     seg, first = [], []
     for row in _rows(keys):
         ids, heads = [], []

@@ -1,4 +1,4 @@
-"""Loop twins of kernels.lexical."""
+"""Loop twin of kernels.lexical: BM25 of the candidate rows, one posting at a time."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from kernels.reference._common import _rows, _to_tensor
 
 def lexical_scores(row_ptr, row_terms, row_weights, query_ptr, query_terms, vocab_size, rows, valid, paths=None,
                    path_ptr=None, path_terms=None):
-    """Twin of kernels.lexical.lexical_scores: per valid entry, a walk over its row's postings, each weight added
-    when the term is in the query's set and not in the entry's heading path's set (float64 sums, rounded to
-    float32 at the end)."""
+    """(Q, L) float32: per valid entry, the sum of its row's weights (CSR row_ptr / row_terms / row_weights) over
+    the terms in its query's set (CSR query_ptr / query_terms) and not in its heading path's set (CSR path_ptr /
+    path_terms; paths None: none left out); 0 where invalid. Float64 sums, rounded to float32 at the end."""
     ptr, terms, weights = row_ptr.tolist(), row_terms.tolist(), row_weights.tolist()
     qptr, qterms = query_ptr.tolist(), query_terms.tolist()
     heads = []

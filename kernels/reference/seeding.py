@@ -1,4 +1,4 @@
-"""Loop twins of kernels.seeding."""
+"""Loop twins of kernels.seeding: percentile threshold, similarity ranks and seeds, one row at a time."""
 
 from __future__ import annotations
 
@@ -37,6 +37,26 @@ def percentile_threshold(sims: torch.Tensor, valid: torch.Tensor, percentile: fl
         v_hi = torch.tensor(values[hi], dtype=dtype)
         taus.append((v_lo + (v_hi - v_lo) * frac).item())
     return torch.tensor(taus, dtype=dtype).reshape(q).to(sims.device)
+
+
+def similarity_ranks(sims: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """rank (Q, L) int64: 0 for the most similar valid sentence, ties to the earlier position; invalid entries
+    rank after every valid one (as -inf similarities, in position order among equal keys)."""
+    q, length = sims.shape
+    out = []
+    for row, ok in zip(_rows(sims), _rows(valid), strict=True):
+        key = [row[i] if ok[i] else -_INF for i in range(length)]
+        rank = [0] * length
+        for r, i in enumerate(sorted(range(length), key=lambda i: (-key[i], i))):
+            rank[i] = r
+        out.append(rank)
+    return _to_tensor(out, (q, length), torch.long, sims.device)
+
+
+def top_ranked(sims: torch.Tensor, valid: torch.Tensor, k: int) -> torch.Tensor:
+    """(Q, L) bool: the positions whose similarity rank (`similarity_ranks`: ties to the earlier position,
+    invalid entries last) is below k."""
+    return similarity_ranks(sims, valid) < k
 
 
 def percentile_seeds(

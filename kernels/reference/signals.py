@@ -1,4 +1,4 @@
-"""Loop twins of kernels.signals."""
+"""Loop twins of kernels.signals: the scoring model one entry at a time."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ from kernels.reference._common import _rows, _to_tensor
 
 
 def row_scores(model, cos, valid, c=None, path=None, hs=None, spread=None, cref=None, lex=None):
-    """Twin of kernels.signals.row_scores, from its contract, one entry at a time: plain = cos - beta c hs (rows
-    with a heading, heading weight > 0) + alpha lex; boost = w spread (c - cref) on rows with a heading; 0 where
-    invalid. Returns (plain, boost) tensors."""
+    """(plain, boost) (Q, L), one entry at a time: plain = cos - beta c hs (rows with a heading, heading weight
+    w > 0) + alpha lex; boost = w spread (c - cref) on rows with a heading; both 0 where invalid."""
     q, n = cos.shape
     heading = c is not None and model.heading > 0
     plain, boost = [[0.0] * n for _ in range(q)], [[0.0] * n for _ in range(q)]
@@ -29,6 +28,6 @@ def row_scores(model, cos, valid, c=None, path=None, hs=None, spread=None, cref=
 
 
 def normalised_lexical(bm25, best):
-    """Twin of kernels.signals.normalised_lexical: each score over its query's best, 0 where best is 0."""
+    """(Q, L): each BM25 score over its query's best, 0 where the best is 0."""
     out = [[x / b if b > 0 else 0.0 for x in row] for row, b in zip(_rows(bm25), best.tolist(), strict=True)]
     return _to_tensor(out, tuple(bm25.shape), bm25.dtype, bm25.device)
