@@ -1,0 +1,33 @@
+"""Loop twins of kernels.signals: the scoring model one entry at a time."""
+
+from __future__ import annotations
+
+from kernels.reference._common import _rows, _to_tensor
+
+
+def row_scores(model, cos, valid, c=None, path=None, hs=None, spread=None, cref=None, lex=None):
+    """(plain, boost) (Q, L), one entry at a time: plain = cos - beta c hs (rows with a heading, heading weight
+    w > 0) + alpha lex; boost = w spread (c - cref) on rows with a heading; both 0 where invalid."""
+    q, n = cos.shape
+    heading = c is not None and model.heading > 0
+    plain, boost = [[0.0] * n for _ in range(q)], [[0.0] * n for _ in range(q)]
+    for i in range(q):
+        for j in range(n):
+            if not bool(valid[i, j]):
+                continue
+            x = float(cos[i, j])
+            if heading and int(path[i, j]) >= 0:
+                cij = float(c[i, j])
+                boost[i][j] = model.heading * float(spread[i]) * (cij - float(cref[i]))
+                if model.residual > 0:
+                    x -= model.residual * cij * float(hs[i, j])
+            if lex is not None and model.lexical > 0:
+                x += model.lexical * float(lex[i, j])
+            plain[i][j] = x
+    return (_to_tensor(plain, (q, n), cos.dtype, cos.device), _to_tensor(boost, (q, n), cos.dtype, cos.device))
+
+
+def normalised_lexical(bm25, best):
+    """(Q, L): each BM25 score over its query's best, 0 where the best is 0."""
+    out = [[x / b if b > 0 else 0.0 for x in row] for row, b in zip(_rows(bm25), best.tolist(), strict=True)]
+    return _to_tensor(out, tuple(bm25.shape), bm25.dtype, bm25.device)
