@@ -1,6 +1,7 @@
 """In-memory inputs: `ingest_table` from an Arrow table, a pandas DataFrame or records builds the same store,
 byte for byte, as `ingest` of the same documents written as .parquet / .jsonl; bad tables write nothing;
-appends and resumes work as for files; query results as an Arrow table; the README example (extracted)."""
+appends and resumes work as for files; query results as an Arrow table; the docs example (extracted from
+docs/query.md)."""
 
 from __future__ import annotations
 
@@ -178,11 +179,11 @@ def test_query_results_as_arrow_table(demo_store):
 
 
 def run_readme_example(name: str, tmp_path: Path, tmpdir: Path | None = None) -> str:
-    """Runs README.md's `<!-- readme-test: NAME -->` block as a user would (repository root, this checkout's
-    packages first, no Ray address inherited from this session, temporary files under tmpdir or tmp_path)
-    -> its stdout."""
+    """Runs the `<!-- readme-test: NAME -->` block of README.md or docs/*.md as a user would (repository root,
+    this checkout's packages first, no Ray address inherited from this session, temporary files under tmpdir or
+    tmp_path) -> its stdout."""
     examples = readme_examples()
-    assert name in examples, f"README.md has no example marked {README_MARK}{name} -->"
+    assert name in examples, f"README.md and docs/*.md have no example marked {README_MARK}{name} -->"
     script = tmp_path / f"readme_{name}.py"
     script.write_text(examples[name], encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}

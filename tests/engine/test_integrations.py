@@ -1,5 +1,6 @@
 """LangChain and LlamaIndex retrievers: the same chunks as Engine.query, one engine call per batch, complete
-metadata, stable node ids, lazy imports, and the README examples (extracted from README.md and run)."""
+metadata, stable node ids, lazy imports, and the documented examples (extracted from README.md / docs/*.md
+and run)."""
 
 from __future__ import annotations
 
@@ -273,12 +274,22 @@ def test_missing_extra_is_one_line(module, extra, blocked, package):
 README_MARK = "<!-- readme-test: "
 
 
+def doc_files() -> list[Path]:
+    """README.md and the docs/ pages it links to: where the documented examples and tables live."""
+    return [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+
 def readme_examples() -> dict[str, str]:
-    """README.md's python blocks that follow a `<!-- readme-test: NAME -->` line, by NAME."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    found = re.findall(r"^<!-- readme-test: ([\w-]+) -->\n```python\n(.*?)^```$", text, flags=re.S | re.M)
-    assert len(found) == text.count(README_MARK), "a readme-test marker without a python block right below it"
-    return dict(found)
+    """The python blocks of README.md and docs/*.md that follow a `<!-- readme-test: NAME -->` line, by NAME."""
+    examples: dict[str, str] = {}
+    for path in doc_files():
+        text = path.read_text(encoding="utf-8")
+        found = re.findall(r"^<!-- readme-test: ([\w-]+) -->\n```python\n(.*?)^```$", text, flags=re.S | re.M)
+        assert len(found) == text.count(README_MARK), f"{path.name}: a readme-test marker without a python block below"
+        for name, code in found:
+            assert name not in examples, f"two examples marked {README_MARK}{name} -->"
+            examples[name] = code
+    return examples
 
 
 @pytest.mark.timeout(600)
@@ -286,7 +297,7 @@ def readme_examples() -> dict[str, str]:
 def test_readme_example_runs(name, tmp_path, request):
     request.getfixturevalue({"langchain": "lc", "llamaindex": "li"}[name])  # skipped without the extra
     examples = readme_examples()
-    assert name in examples, f"README.md has no example marked {README_MARK}{name} -->"
+    assert name in examples, f"README.md and docs/*.md have no example marked {README_MARK}{name} -->"
     script = tmp_path / f"readme_{name}.py"
     script.write_text(examples[name], encoding="utf-8")
     # run as a user would: from the repository root, temporary files under tmp_path

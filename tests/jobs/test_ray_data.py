@@ -1,6 +1,6 @@
 """The Ray Data stage `QascQuery`: on a local Ray, `map_batches` over a Parquet file of questions gives the
 same rows as `qasc query` (local path) on the same questions; batch formats, ids, overrides and bad batches;
-the README example (extracted from README.md) runs."""
+the docs example (extracted from docs/integrations.md) runs."""
 
 from __future__ import annotations
 
