@@ -7,6 +7,7 @@ together) and the queries (their questions' vectors; repeated to `--queries`). O
     faiss-flat           IndexIVFFlat.search (exact scores in the probed lists), FAISS's threads
     faiss-sq8            IndexIVFScalarQuantizer (8-bit, as `qasc ingest --index ivf` builds) .search
     faiss-sq8-preassign  the same lists searched through search_preassigned, fed the torch assignment
+    faiss-big-batch      faiss.contrib.big_batch_search over the flat IVF (list by list, all queries of a list at once)
     torch-float32        kernels.ivf_scan.ivf_vectors_topk over the rows (float32 products)
     torch-int8           the same with int8 products (the engine's CPU path on VNNI / AMX CPUs), re-ranked exactly
 
@@ -17,6 +18,8 @@ each nprobe. Table, then one JSON line. `python -m bench.searchers_real --nprobe
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import statistics
@@ -47,6 +50,7 @@ def timed(fn, repeats: int) -> tuple[float, np.ndarray]:
 
 def main(argv=None) -> int:
     import faiss
+    from faiss.contrib.big_batch_search import big_batch_search
 
     from kernels.ivf_scan import ivf_vectors_topk
 
@@ -103,10 +107,15 @@ def main(argv=None) -> int:
                 got = got.gather(1, order)
             return got.numpy()
 
+        def big_batch() -> np.ndarray:  # its progress lines go to a sink
+            with contextlib.redirect_stdout(io.StringIO()):
+                return big_batch_search(flat, qs, args.k, threaded=1, computation_threads=2)[1]
+
         searchers = {
             "faiss-flat": lambda: flat.search(qs, args.k)[1],
             "faiss-sq8": lambda: sq8.search(qs, args.k)[1],
             "faiss-sq8-preassign": preassigned,
+            "faiss-big-batch": big_batch,
             "torch-float32": lambda: torch_scan(False),
             "torch-int8": lambda: torch_scan(True),
         }
