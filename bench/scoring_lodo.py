@@ -32,11 +32,11 @@ RRF_DEPTH = 100
 
 def load_sets(names, cache_dir: str, log):
     from jobs.eval.data import load_dataset
-    from jobs.eval.harness import default_engine_factory, make_embedder, query_embeddings
+    from jobs.eval.harness import default_engine_factory, make_embedder, query_embeddings, resolve_eval_dtype
     from jobs.eval.retrieval import EvalCache
 
     embedder = make_embedder("cpu", "fast")
-    dtype = "bfloat16" if embedder.dtype == __import__("torch").bfloat16 else "auto"
+    dtype = resolve_eval_dtype("cpu", "fast")  # the harness's rule: the same cached stores as `qasc eval`
     cache = EvalCache(cache_dir)
     out = {}
     for name in names:

@@ -27,6 +27,7 @@ class LexicalTerm(NamedTuple):
     query_terms: torch.Tensor  # (T,) int64
     best: torch.Tensor  # (Q,) float32
 
+
 class HeadingGate(NamedTuple):
     """One batch's heading gate (kernels.context.heading_gate): spread (Q,) and cref (Q,) float32."""
 
