@@ -56,11 +56,12 @@ def lexical_scores(
     else:  # (query, term) keys: a sorted membership test
         has = torch.isin(qi[entry] * vocab_size + term, owner * vocab_size + query_terms)
     if paths is not None and path_terms is not None and path_terms.numel():
-        path = paths[qi, li][entry]  # (P,) each posting's row's heading path
+        hit = has.nonzero().squeeze(1)  # only the postings of query terms can be left out (few of the P)
+        path = paths[qi, li][entry[hit]]  # each such posting's row's heading path
         n_paths = path_ptr.shape[0] - 1
         path_owner = torch.repeat_interleave(torch.arange(n_paths, device=rows.device), path_ptr[1:] - path_ptr[:-1])
-        said = torch.isin(path.clamp(min=0) * vocab_size + term, path_owner * vocab_size + path_terms)
-        has = has & ~(said & (path >= 0))
+        said = torch.isin(path.clamp(min=0) * vocab_size + term[hit], path_owner * vocab_size + path_terms)
+        has[hit[said & (path >= 0)]] = False
     score = torch.zeros(qi.numel(), dtype=torch.float32, device=rows.device)
     score.index_add_(0, entry, torch.where(has, row_weights[pos], torch.zeros_like(row_weights[pos])))
     out[qi, li] = score
