@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m jobs.cli demo
+	$(VENV)/bin/qasc demo
 
 # the test suite runs Ray workers beside pytest on 2 cores: OpenMP threads sleep at once (jobs/env.py)
 test: export OMP_WAIT_POLICY ?= PASSIVE

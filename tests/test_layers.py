@@ -13,16 +13,19 @@ import pytest
 
 from tests.conftest import REPO
 
-LAYERS = ("kernels", "engine", "jobs", "bench")  # each may import only the ones before it
+LAYERS = ("qasc.kernels", "qasc.engine", "qasc.jobs", "bench")  # each may import only the ones before it
+INSTALLED = ("engine", "jobs", "kernels")  # folders installed as qasc.<folder> (pyproject.toml)
 HEAVY = ("transformers", "ray", "faiss", "matplotlib", "langchain_text_splitters", "tiktoken")
 
 
 def _modules() -> dict[str, ast.Module]:
     out = {}
     for package in LAYERS:
-        for path in sorted((REPO / package).rglob("*.py")):
+        folder = package.removeprefix("qasc.")
+        for path in sorted((REPO / folder).rglob("*.py")):
             parts = path.relative_to(REPO).with_suffix("").parts
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            name = f"qasc.{name}" if folder in INSTALLED else name
             out[name] = ast.parse(path.read_text(encoding="utf-8"))
     return out
 
@@ -39,6 +42,10 @@ def _imports(tree: ast.Module, known: set[str]) -> set[str]:
     return {m for m in found if m in known}
 
 
+def _layer(module: str) -> int:
+    return next(i for i, package in enumerate(LAYERS) if module == package or module.startswith(package + "."))
+
+
 @pytest.fixture(scope="module")
 def graph() -> dict[str, set[str]]:
     modules = _modules()
@@ -48,8 +55,8 @@ def graph() -> dict[str, set[str]]:
 def test_dependencies_point_one_way(graph):
     wrong = []
     for name, deps in graph.items():
-        layer = LAYERS.index(name.split(".")[0])
-        wrong += [f"{name} -> {d}" for d in deps if LAYERS.index(d.split(".")[0]) > layer]
+        layer = _layer(name)
+        wrong += [f"{name} -> {d}" for d in deps if _layer(d) > layer]
     assert not wrong, wrong
 
 
@@ -76,9 +83,9 @@ def test_no_import_cycles(graph):
 
 
 @pytest.mark.parametrize("code, banned", [
-    ("import kernels", HEAVY),
-    ("import engine.errors", HEAVY + ("torch",)),
-    ("from jobs.cli import build_parser; build_parser().format_help()", HEAVY),
+    ("import qasc.kernels.seeding", HEAVY),
+    ("import qasc.engine.errors", HEAVY + ("torch",)),
+    ("from qasc.jobs.cli import build_parser; build_parser().format_help()", HEAVY),
 ])
 def test_light_imports(code, banned):
     probe = f"import json, sys\n{code}\nprint(json.dumps(sorted(m for m in {list(banned)!r} if m in sys.modules)))"
@@ -94,29 +101,34 @@ def test_no_module_level_patching_of_the_engine():
             if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "setattr" and node.args:
                 target = node.args[0]
                 text = ast.unparse(target)
-                if text.strip("'\"").split(".")[0] == "engine" or text in ("store_mod", "faiss_index", "chunker_mod"):
+                parts = text.strip("'\"").removeprefix("qasc.").split(".")
+                if parts[0] == "engine" or text in ("store_mod", "faiss_index", "chunker_mod"):
                     offenders.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)}")
     assert not offenders, offenders
 
 
-def test_a_name_of_hugging_faces_kernels_package_gets_a_clear_error(monkeypatch):
-    """transformers >= 5.25 imports Hugging Face's PyPI package `kernels`, whose import name is this project's; where
-    it is installed, transformers gets ours and asks it for names it lacks: the error says why and what to do."""
-    import importlib.metadata as metadata
+def test_installed_packages_are_the_tree():
+    """pyproject.toml installs every package folder under engine/, jobs/ and kernels/ as qasc.<path>, and nothing
+    else: a new subpackage that is not listed would be missing from a wheel (an editable install hides that)."""
+    import tomllib
 
-    import kernels
+    setup = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    folders = {f"qasc.{'.'.join(p.parent.relative_to(REPO).parts)}" for folder in INSTALLED
+               for p in (REPO / folder).rglob("*.py") if "__pycache__" not in p.parts}
+    assert sorted(setup["packages"]) == sorted(folders)
+    assert setup["package-dir"] == {f"qasc.{folder}": folder for folder in INSTALLED}
 
-    real = metadata.version
 
-    def without_hub(name: str) -> str:
-        if name == "kernels":
-            raise metadata.PackageNotFoundError(name)
-        return real(name)
-
-    monkeypatch.setattr(metadata, "version", without_hub)
-    with pytest.raises(AttributeError, match="has no attribute 'CUDAProperties'"):
-        kernels.CUDAProperties  # noqa: B018 (no such distribution: a plain AttributeError)
-    monkeypatch.setattr(metadata, "version", lambda name: "0.19.1" if name == "kernels" else real(name))
-    with pytest.raises(ImportError, match=r"Hugging Face's PyPI package `kernels` 0.19.1 .* transformers < 5.25"):
-        from kernels import CUDAProperties  # noqa: F401
-    assert not hasattr(kernels, "__wrapped__")  # private and dunder names stay plain AttributeErrors
+def test_no_top_level_import_name_is_taken():
+    """The project installs only the `qasc` import name, and its kernels/ folder (the repo root on sys.path: pytest,
+    `python -m bench...`) is a namespace portion, which an installed regular package of the same name always wins
+    over: Hugging Face's `kernels` (imported by transformers >= 5.25) stays importable beside a checkout."""
+    assert not (REPO / "kernels" / "__init__.py").exists()
+    probe = ("import importlib.util, json; s = importlib.util.find_spec('kernels'); "
+             "print(json.dumps([s.origin, list(s.submodule_search_locations or [])]))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, check=True)
+    origin, locations = json.loads(out.stdout)
+    if origin is None:  # no distribution named `kernels` here: the folder is found, as a namespace, and nothing else
+        assert locations == [str(REPO / "kernels")]
+    else:  # Hugging Face's package is installed: it wins over the folder
+        assert not origin.startswith(str(REPO)), origin
