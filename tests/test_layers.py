@@ -108,13 +108,15 @@ def test_no_module_level_patching_of_the_engine():
 
 
 def test_installed_packages_are_the_tree():
-    """pyproject.toml installs every package folder under engine/, jobs/ and kernels/ as qasc.<path>, and nothing
-    else: a new subpackage that is not listed would be missing from a wheel (an editable install hides that)."""
+    """pyproject.toml installs every package folder under engine/, jobs/ and kernels/ (and each folder of data under
+    them) as qasc.<path>, and nothing else: a new subpackage that is not listed would be missing from a wheel (an
+    editable install hides that)."""
     import tomllib
 
     setup = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
-    folders = {f"qasc.{'.'.join(p.parent.relative_to(REPO).parts)}" for folder in INSTALLED
-               for p in (REPO / folder).rglob("*.py") if "__pycache__" not in p.parts}
+    files = [p for folder in INSTALLED for p in (REPO / folder).rglob("*") if p.is_file()
+             and "__pycache__" not in p.parts and (p.suffix == ".py" or "data" in p.relative_to(REPO).parts)]
+    folders = {f"qasc.{'.'.join(p.parent.relative_to(REPO).parts)}" for p in files}
     assert sorted(setup["packages"]) == sorted(folders)
     assert setup["package-dir"] == {f"qasc.{folder}": folder for folder in INSTALLED}
 
