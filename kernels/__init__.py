@@ -16,13 +16,12 @@ from kernels.extents import (
 )
 from kernels.gather import gathered_dots, segment_first
 from kernels.ivf_scan import ivf_sq8_topk, ivf_vectors_topk
-from kernels.merging import coverage, fill_gaps, label_segments, segment_scores, segment_spans, segment_sums
+from kernels.merging import label_segments, segment_scores, segment_spans, segment_sums
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
 from kernels.seeding import percentile_seeds, percentile_threshold
 from kernels.selection import focus_on_best, select_chunks
-from kernels.snapping import cap_breaks, snap_to_blocks
-from kernels.windows import decay_window_scores, expand_windows, keep_windows
+from kernels.snapping import cap_breaks
 
 __all__ = [
     "best_paths",
@@ -33,11 +32,6 @@ __all__ = [
     "block_stats",
     "candidate_rows",
     "cap_breaks",
-    "coverage",
-    "decay_window_scores",
-    "expand_windows",
-    "fill_gaps",
-    "keep_windows",
     "focus_on_best",
     "gathered_dots",
     "ivf_sq8_topk",
@@ -55,7 +49,6 @@ __all__ = [
     "segment_spans",
     "segment_sums",
     "select_chunks",
-    "snap_to_blocks",
 ]
 
 
