@@ -3,7 +3,9 @@ memory are refused."""
 
 from __future__ import annotations
 
+import copy
 import math
+import pickle
 from dataclasses import FrozenInstanceError, fields
 
 import pytest
@@ -36,6 +38,7 @@ def test_at_most_twenty_fields_in_small_frozen_groups():
     assert p.percentile == p.seeding.percentile == 95.0 and p.scoring.lexical == 0.0
     assert p.replace(percentile=90.0) == QascParams(top_k=None, lexical_weight=0.0)
     assert QascParams(**p.to_dict()) == p and list(p.to_dict()) == list(FIELD_NAMES)
+    assert pickle.loads(pickle.dumps(p)) == p == copy.deepcopy(p)  # Ray ships settings pickled
     with pytest.raises(FrozenInstanceError):
         p.seeding.percentile = 50.0  # type: ignore[misc]
     for name in REMOVED_FIELDS:
