@@ -21,8 +21,8 @@ from kernels.params import QascParams
 
 NEUTRAL = {"top_k": None, "budget_tokens": None, "score_margin": None}
 # The grid's own starting point, spelled out so that it does not move when the engine's defaults (the
-# setting this grid chose) change: single sentences (touching ones merged), not clipped to the paragraph.
-GRID_BASE = {"percentile": 95.0, "max_extent": 1, "clip_to_paragraph": False, "merge_picks": True,
+# setting this grid chose) change: single sentences, not clipped to the paragraph, every pick its own chunk.
+GRID_BASE = {"percentile": 95.0, "max_extent": 1, "clip_to_paragraph": False, "merge_picks": False,
              "focus_gap": None, "far_margin": None, "block_extents": "none", "length_bonus": 0.0, "lexical_weight": 0.0}
 DEFAULTS = QascParams(**{**GRID_BASE, **NEUTRAL})
 DEFAULT_RETRIEVAL = RetrievalConfig()
@@ -73,7 +73,7 @@ def setting(retrieval: dict | None = None, **params: object) -> Setting:
 # leave-one-corpus-out cross-validation. The paper's adaptive windows (radius 3, margin 0.1, clipped) left the grid
 # with the window extents (bench/RESULTS.md, "Fewer, grouped knobs").
 EXTENTS = (
-    {"max_extent": 1},  # single sentences, touching ones merged into one chunk (the `context` preset's extents)
+    {"max_extent": 1, "merge_picks": True},  # single sentences, touching ones one chunk (the `context` preset's)
     # query-adaptive extents: the best runs of up to 2 / 3 sentences by pooled-embedding cosine, and whole
     # sections (complete in the candidate region, within the token cap) as candidates too, with a length bonus
     # 0.02 ln(sentences). Section blocks are a fixed part of the method, not a grid choice: a section competes
@@ -174,6 +174,8 @@ ABLATIONS: list[Ablation] = [
     ("no heading residual (heading_residual=0)", lambda s: s.replace(heading_residual=0.0)),
     ("no lexical term (lexical_weight=0)", lambda s: s.replace(lexical_weight=0.0)),
     ("lexical term alpha 0.4", lambda s: s.replace(lexical_weight=0.4)),
+    ("merge_picks switched (touching picks one chunk, or each its own)",
+     lambda s: s.replace(merge_picks=not s.params.merge_picks)),
     ("no paragraph clipping", lambda s: s.replace(clip_to_paragraph=False)),
     ("clip to paragraph", lambda s: s.replace(clip_to_paragraph=True)),
 ]

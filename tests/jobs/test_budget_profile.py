@@ -50,7 +50,7 @@ def test_a_store_frozen_with_another_setting_keeps_it(stored):
 def test_the_profile_is_a_setting_of_the_suites_grid():
     """The suite can choose it (and reports whether it did: jobs.eval.suite.is_budget_profile)."""
     matches = [s.key() for s in Q.qasc_grid() if is_budget_profile(s)]
-    assert matches == ["p95 runs1 min=16 lex=0.8 depth16 nb8"]
+    assert matches == ["p95 runs1 min=16 merge=T lex=0.8 depth16 nb8"]
     assert not any(is_budget_profile(s) for s in Q.qasc_grid(quick=True))
 
 
