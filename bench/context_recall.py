@@ -26,9 +26,9 @@ from bench.scoring_lodo import SETS, load_sets, paired_delta
 
 def context(**changes):
     """The context preset over the shipped defaults, with `changes` (QascParams fields) on top."""
-    from engine.config import RetrievalConfig
-    from engine.presets import apply
-    from kernels.params import QascParams
+    from qasc.engine.config import RetrievalConfig
+    from qasc.engine.presets import apply
+    from qasc.kernels.params import QascParams
 
     def build(budget: int):
         params, retrieval = apply("context", QascParams(), RetrievalConfig())
@@ -45,8 +45,8 @@ VARIANTS = {
 
 
 def main(argv=None) -> int:
-    from jobs.eval.harness import score_hits
-    from jobs.eval.qasc import chunks_to_hits, torch_threads
+    from qasc.jobs.eval.harness import score_hits
+    from qasc.jobs.eval.qasc import chunks_to_hits, torch_threads
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sets", default=",".join(SETS))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.runs import positions_like, region_keys
+from qasc.kernels.runs import positions_like, region_keys
 
 
 def label_segments(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
-from kernels.signals import ScoringModel
+from qasc.kernels.signals import ScoringModel
 
 BLOCK_RULES = ("none", "paragraph", "section", "both")
 MAX_EXTENT_LIMIT = 64  # pooled runs are scored for every length up to max_extent: (Q, L, max_extent) per batch

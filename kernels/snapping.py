@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.runs import positions_like, run_bounds
+from qasc.kernels.runs import positions_like, run_bounds
 
 
 def cap_breaks(labels: torch.Tensor, n_tokens: torch.Tensor, max_tokens: int) -> torch.Tensor:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.reference._common import _label_runs, _rows, _to_tensor
+from qasc.kernels.reference._common import _label_runs, _rows, _to_tensor
 
 
 def cap_breaks(labels: torch.Tensor, n_tokens: torch.Tensor, max_tokens: int) -> torch.Tensor:

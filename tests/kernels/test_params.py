@@ -10,10 +10,10 @@ from dataclasses import FrozenInstanceError, fields
 
 import pytest
 
-from engine.config import MAX_DEPTH, MAX_NEIGHBOURHOOD, RetrievalConfig
-from engine.embedder import resolve_device
-from kernels.params import FIELD_NAMES, FLAT, GROUPS, MAX_EXTENT_LIMIT, REMOVED_FIELDS, QascParams, Seeding
-from kernels.signals import ScoringModel
+from qasc.engine.config import MAX_DEPTH, MAX_NEIGHBOURHOOD, RetrievalConfig
+from qasc.engine.embedder import resolve_device
+from qasc.kernels.params import FIELD_NAMES, FLAT, GROUPS, MAX_EXTENT_LIMIT, REMOVED_FIELDS, QascParams, Seeding
+from qasc.kernels.signals import ScoringModel
 
 FLOAT_FIELDS = [n for n in FIELD_NAMES if isinstance(getattr(QascParams(), n), float)] + ["score_margin", "far_margin"]
 
