@@ -26,28 +26,27 @@ from bench.common import emit_json, machine_info, median, peak_rss_growth, print
 from qasc.kernels.params import QascParams
 
 # every field spelled out, so that the fixed settings do not move when QascParams' defaults do
-BASE = QascParams(percentile=95.0, min_seeds=1, max_seeds=None, radius=0, adaptive=False, threshold=None, margin=None,
-                  clip_to_paragraph=False, decay=0.3, factor=0.6, merge=True, gap=0, snap="none", max_tokens=512,
-                  score="seed_sim", top_k=1, budget_tokens=None, score_margin=None, extent="window", max_extent=3,
-                  extent_penalty=0.0, max_picks=10, focus_gap=None, far_margin=None, block_extents="none",
-                  length_bonus=0.0)
+BASE = QascParams(percentile=95.0, min_seeds=1, max_extent=1, clip_to_paragraph=False, block_extents="none",
+                  length_bonus=0.0, max_tokens=512, merge_picks=False, top_k=1, score_margin=None, focus_gap=None,
+                  far_margin=None, budget_tokens=None)
 DOTS_WIDTH = 3  # every setting below scores runs of at most 3 sentences
 SETTINGS = {
     "default": QascParams(),  # whatever the current defaults are
-    "pooled-focus": BASE.replace(percentile=75.0, extent="pooled", clip_to_paragraph=True, top_k=10,
+    "pooled-focus": BASE.replace(percentile=75.0, max_extent=3, clip_to_paragraph=True, top_k=10,
                                  score_margin=0.1, focus_gap=6),
-    "blocks-far": BASE.replace(percentile=75.0, extent="pooled", clip_to_paragraph=True, top_k=10,
+    "blocks-far": BASE.replace(percentile=75.0, max_extent=3, clip_to_paragraph=True, top_k=10,
                                score_margin=0.1, focus_gap=6, far_margin=0.02, block_extents="both",
                                length_bonus=0.02),
     # the shipped default (issue 13) spelled out: whole sections only; blocks-far adds whole paragraphs
-    "sections-far": BASE.replace(percentile=75.0, extent="pooled", clip_to_paragraph=True, top_k=10,
+    "sections-far": BASE.replace(percentile=75.0, max_extent=3, clip_to_paragraph=True, top_k=10,
                                  score_margin=0.1, focus_gap=6, far_margin=0.02, block_extents="section",
                                  length_bonus=0.02),
-    "p95-r0-top1": BASE,
-    "r3-adaptive": BASE.replace(percentile=90.0, radius=3, adaptive=True, margin=0.1, top_k=3),
-    "r2-snap-para": BASE.replace(percentile=80.0, radius=2, snap="paragraph", max_tokens=200, top_k=None),
-    "budget-mean": BASE.replace(percentile=85.0, radius=1, gap=1, clip_to_paragraph=True, budget_tokens=512,
-                                score="window_mean", top_k=None),
+    "p95-sentences-top1": BASE,
+    # the `context` preset's extents: single sentences around at least 16 seeds, touching ones merged, picks beyond
+    # the score margin (the window extents these replaced: bench/RESULTS.md, "Fewer, grouped knobs")
+    "context": BASE.replace(min_seeds=16, merge_picks=True, top_k=10, score_margin=0.1),
+    "budget-runs": BASE.replace(percentile=85.0, max_extent=2, clip_to_paragraph=True, budget_tokens=512,
+                                top_k=None),
 }
 
 
@@ -144,7 +143,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.quick:
         args.qs, args.ls, args.repeats, args.ref_rows = "1,16", "64", 1, 2
-        args.settings = "default,r3-adaptive"
+        args.settings = "default,context"
     return args
 
 

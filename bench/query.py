@@ -304,7 +304,7 @@ def main(argv=None) -> dict:
     if with_model:
         print(f"\nquery embedder dtype {engine.embedder.dtype}", end="")
     print(f"\n{source}; device {device}; torch threads {torch.get_num_threads()}; QASC {args.params} "
-          f"(top_k={params.top_k}, radius={params.radius}, adaptive={params.adaptive}), depth {retrieval.depth}, "
+          f"(top_k={params.top_k}, max_extent={params.max_extent}), depth {retrieval.depth}, "
           f"neighbourhood "
           f"{retrieval.neighbourhood}; batch median of {args.repeats}; load avg {info['load_avg']}")
     print_table(rows, ["run", "queries", "p50 ms", "p95 ms", "queries/s", "vs loop"])

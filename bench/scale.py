@@ -5,7 +5,7 @@ Phases (each timed; the JSON line lists them under `phase_s`):
            1-8 sentences, sentences of 8-40 words from a seeded Zipf vocabulary) under WORK, reused when present;
   model    a randomly initialised 1-layer BERT (hidden 384, 6 heads, intermediate 384, seeded) with the MiniLM
            tokenizer, so that ingest measures the pipeline rather than MiniLM on 2 cores;
-  ingest   `python -m jobs.cli ingest ... --local --index ivf --dtype-store float16` in a child process:
+  ingest   `python -m qasc.jobs.cli ingest ... --local --index ivf --dtype-store float16` in a child process:
            sentences/s and the child's peak RSS (the driver: with --local it also embeds);
   exact    a child process: Engine.query_embedded (search + QASC + assembly) on --exact-queries noisy copies of
            stored vectors, exact search; its hits at the engine's depth are the ground truth for recall;

@@ -24,4 +24,5 @@ VARIANTS = {
     "no-section-blocks": _v(block_extents="none", length_bonus=0.0),
     "no-focus": _v(focus_gap=None, far_margin=None),
     "depth16-nb4": _v({"depth": 16, "neighbourhood": 4}),
+    "merge-picks": _v(merge_picks=True),
 }

@@ -48,9 +48,7 @@ def chunk_sentences(
     ntok = torch.as_tensor(sents.n_tokens, dtype=torch.long, device=device).expand(q, n)
     p = config.qasc
     vectors = sent_emb.to(device)
-    dots = None
-    if p.extent == "pooled":  # (Q, N, W): one copy, expanded
-        dots = neighbour_dots(vectors, p.max_extent).expand(q, n, p.max_extent)
+    dots = neighbour_dots(vectors, p.max_extent).expand(q, n, p.max_extent)  # (Q, N, W): one copy, expanded
     ids = {"paragraph": sents.paragraph, "section": sents.section}
     blocks = {kind: tuple(t.expand(q, n) for t in block_stats(vectors, torch.as_tensor(ids[kind], device=device)))
               for kind in p.block_kinds}

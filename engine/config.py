@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from qasc.engine.errors import QascError
 from qasc.engine.presets import PRESET_FIELDS, PRESETS, choose
 from qasc.engine.splitter import SplitterConfig
-from qasc.kernels.params import QascParams
+from qasc.kernels.params import FIELD_NAMES, REMOVED_FIELDS, QascParams
 
 
 @dataclass(frozen=True)
@@ -52,14 +52,17 @@ class EngineConfig:
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True)
+        """The manifest's config: each group's fields, the QASC parameters under their flat names (`qasc`)."""
+        return json.dumps({**asdict(self), "qasc": self.qasc.to_dict()}, indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict) -> EngineConfig:
         """A stored config -> EngineConfig. Query-time keys (qasc, retrieval) this version does not know (a store
         written by another qasc version) are left out with a warning naming them; the known ones keep their stored
-        values. Unknown embedder or splitter keys are refused (QascError): they say how the stored text was split
-        and embedded, and guessing would mix settings."""
+        values. A store frozen with settings this version removed (kernels.params.REMOVED_FIELDS: the window
+        extents, ...) opens and answers with the rest of its setting, with one warning naming them and how to
+        re-freeze it. Unknown embedder or splitter keys are refused (QascError): they say how the stored text was
+        split and embedded, and guessing would mix settings."""
         return cls(
             embedder=EmbedderConfig(**_known(EmbedderConfig, data, "embedder")),
             splitter=SplitterConfig(**_known(SplitterConfig, data, "splitter")),
@@ -70,11 +73,18 @@ class EngineConfig:
 
 def _known(kind: type, data: dict, section: str) -> dict:
     values = dict(data.get(section, {}))
-    names = {f.name for f in fields(kind)}
+    names = set(FIELD_NAMES) if kind is QascParams else {f.name for f in fields(kind)}
     unknown = sorted(set(values) - names)
     if unknown and section in ("embedder", "splitter"):
         raise QascError(f"stored config: {section} settings {unknown} are unknown to this qasc version (the store was "
                         f"written by another version); open it with that version")
+    removed = sorted(k for k in unknown if k in REMOVED_FIELDS) if kind is QascParams else []
+    if removed:
+        warnings.warn(f"stored config: qasc settings {removed} were removed in this qasc version (the window "
+                      "extents and unused knobs) and are ignored: the store answers with its other settings. `qasc "
+                      "query --preset answers` or `--preset context` answers with this version's settings; an append "
+                      "(`qasc ingest` into the store again) freezes them", stacklevel=3)
+    unknown = [k for k in unknown if k not in removed]
     if unknown:
         warnings.warn(f"stored config: {section} settings {unknown} are unknown to this qasc version (written by "
                       f"another version?); ignored", stacklevel=3)

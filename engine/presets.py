@@ -4,7 +4,8 @@ The development suite chooses QASC's setting twice (bench/RESULTS.md): on F1, th
 shipped QascParams() / RetrievalConfig() defaults), and on recall within a 400-token budget, the chunks that
 `budget_tokens` keeps and then the budget fill (`context`: every leave-one-dataset-out fold and the four sets
 together chose it, "The budget profile"; every candidate sentence holding one of the 16 most similar rows or a p95
-seed, on its own, over a wider candidate region, the fill spending the rest of the budget; the F1 setting's few,
+seed, on its own (sentences that touch merge into one chunk), over a wider candidate region, the fill spending
+the rest of the budget; the F1 setting's few,
 long chunks leave the fill less room and rank fewer distinct regions). A preset sets its knobs (PRESET_FIELDS, the
 fields some preset changes) and the token budget; every other field (the selection, the similarities, the fill)
 keeps the value it is given.
@@ -51,9 +52,9 @@ PRESETS: Mapping[str, Preset] = MappingProxyType({p.name: p for p in (
     _preset("context", "recall within a token budget", "400 tokens a query (unless a budget is given): short "
             "chunks around many seeds (the 16 most similar sentences, p95) over a wider region, then the budget fill",
             400,
-            qasc={"percentile": 95.0, "min_seeds": 16, "radius": 0, "adaptive": False, "margin": None,
-                  "clip_to_paragraph": False, "extent": "window", "max_extent": 3, "score": "seed_sim",
-                  "focus_gap": None, "far_margin": None, "block_extents": "none", "length_bonus": 0.0},
+            qasc={"percentile": 95.0, "min_seeds": 16, "max_extent": 1, "clip_to_paragraph": False,
+                  "block_extents": "none", "length_bonus": 0.0, "merge_picks": True, "focus_gap": None,
+                  "far_margin": None},
             retrieval={"depth": 16, "neighbourhood": 8}),
 )})
 DEFAULT_PRESET = "answers"

@@ -140,7 +140,7 @@ class Engine(Retrieval):
         query = query_emb.to(device=self.device, dtype=torch.float32)
         scored = self.score_rows(query, rows, cand.valid, params.scoring, gate, lexical)
         sims, boost = scored.plain, (scored.boost if gate is not None else None)
-        dots = self.neighbour_dots(params.max_extent)[rows] if params.extent == "pooled" else None  # (Q, L, W)
+        dots = self.neighbour_dots(params.max_extent)[rows]  # (Q, L, W)
         blocks = {}
         for kind in params.block_kinds:
             sizes, norms = self.block_stats(kind)

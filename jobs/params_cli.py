@@ -9,29 +9,17 @@ from dataclasses import fields
 from qasc.engine.config import RetrievalConfig
 from qasc.engine.errors import QascError
 from qasc.engine.presets import PRESETS, choose, knob_values
-from qasc.kernels.params import BLOCK_RULES, EXTENT_RULES, SCORE_RULES, SNAP_RULES, QascParams
+from qasc.kernels.params import BLOCK_RULES, FIELD_NAMES, REMOVED_FIELDS, QascParams
 
 QASC_HELP = {
     "percentile": "seed threshold tau = this percentile (0..100) of the query's candidate similarities",
     "min_seeds": "the N most similar sentences are always seeds",
-    "max_seeds": "at most N seeds per query",
-    "radius": "window: m sentences each side of a seed (fixed), or the most an adaptive window grows",
-    "adaptive": "grow windows only while the neighbour's similarity stays above the threshold/margin",
-    "threshold": "adaptive window: absolute floor on a neighbour's similarity",
-    "margin": "adaptive window: neighbour must score >= seed similarity - margin",
-    "clip_to_paragraph": "windows never leave the seed's paragraph",
-    "extent": f"how a chunk's extent is chosen: {', '.join(EXTENT_RULES)} (pooled: the best runs of up to "
-              "--max-extent sentences by the cosine of their summed embeddings; windows/decay/factor unused)",
-    "max_extent": "pooled extents: longest run of sentences scored as one candidate",
-    "extent_penalty": "pooled extents: score penalty per sentence beyond the first",
-    "max_picks": "pooled extents: at most this many non-overlapping runs picked per query",
-    "decay": "lambda of the window weights exp(-lambda*|i-r|)",
-    "factor": "keep windows scoring >= factor * tau ('none' disables the filter)",
-    "merge": "merge overlapping / nearby windows into one chunk",
-    "gap": "windows at most this many sentences apart merge (0 = touching)",
-    "snap": f"grow chunks to whole blocks when they fit the cap: {', '.join(SNAP_RULES)}",
+    "clip_to_paragraph": "runs of sentences, and the merging of picks that touch, stay in one paragraph",
+    "max_extent": "longest run of sentences scored as one candidate (the cosine of their summed embeddings)",
     "max_tokens": "hard cap on a chunk's length in model tokens",
-    "score": f"chunk score: {', '.join(SCORE_RULES)}",
+    "merge_picks": "picked extents that touch in one paragraph (one region without --clip-to-paragraph) merge into "
+                   "one chunk scored by its best, and --score-margin applies to chunks, not picks (a pick below it "
+                   "returns inside a chunk it touches); off: every pick its own chunk",
     "top_k": "chunks returned per query ('none': no limit)",
     "budget_tokens": "at most this many tokens returned per query ('none': no budget); without --preset, a budget on "
                      "the shipped knobs answers with the context preset",
@@ -39,10 +27,9 @@ QASC_HELP = {
     "focus_gap": "return only the best chunk and the chunks in its region at most N sentences away ('none': off)",
     "far_margin": "with --focus-gap: also keep chunks elsewhere (other regions/documents) scoring >= best - "
                   "margin ('none': only the best chunk's neighbours)",
-    "block_extents": f"pooled extents: whole blocks that are candidates too: {', '.join(BLOCK_RULES)} (a block "
-                     "counts when the candidate region holds all of it and it fits --max-tokens)",
-    "length_bonus": "pooled extents: added to a candidate's score times ln(its sentences) (-1..1; > 0 favours "
-                    "longer extents)",
+    "block_extents": f"whole blocks that are candidates too: {', '.join(BLOCK_RULES)} (a block counts when the "
+                     "candidate region holds all of it and it fits --max-tokens)",
+    "length_bonus": "added to a candidate's score times ln(its sentences) (-1..1; > 0 favours longer extents)",
     "context_weight": "query-gated heading context: w in boost = w * spread * (c - cref), c = cosine of the query "
                       "and a row's heading path; reranks the pre-retrieval hits and adds to the similarities (0: "
                       "off; stores without heading paths: no effect)",
@@ -68,6 +55,22 @@ RETRIEVAL_HELP = {
 }
 
 
+# flags of settings this version removed (kernels.params.REMOVED_FIELDS: the window extents and unused knobs)
+REMOVED_FLAGS = frozenset({"--" + n.replace("_", "-") for n in REMOVED_FIELDS} | {"-m", "--no-adaptive", "--no-merge"})
+
+
+class _Removed(argparse.Action):
+    """A removed setting's flag: noted, and refused with one line by setting_from_args (removed_flag)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.removed_flag = option_string
+
+
+def removed_flag_error(flag: str) -> QascError:
+    return QascError(f"{flag} was removed (the window extents and the knobs no preset used are gone; --preset "
+                     "context answers with single sentences around many seeds, touching ones merged)")
+
+
 def _optional(kind):
     def parse(text: str):
         if text.lower() in ("none", "off", "null"):
@@ -81,9 +84,9 @@ def _optional(kind):
 def _flag_type(name: str, default):
     if isinstance(default, bool):
         return None
-    if name in ("max_seeds", "top_k", "budget_tokens", "focus_gap"):
+    if name in ("top_k", "budget_tokens", "focus_gap"):
         return _optional(int)
-    if name in ("threshold", "margin", "factor", "score_margin", "far_margin"):
+    if name in ("score_margin", "far_margin"):
         return _optional(float)
     return type(default)
 
@@ -118,28 +121,28 @@ def preset_help() -> str:
 def add_qasc_arguments(parser: argparse.ArgumentParser,
                        advanced: argparse._ArgumentGroup | None = None) -> argparse._ArgumentGroup:
     """Adds --preset, --budget-tokens, --top-k and --max-tokens to `parser`, and every other QascParams field
-    (--percentile, --radius alias -m, ...) and --depth / --neighbourhood to `advanced` (a new group "advanced" when
-    None, returned); unset flags keep the preset's or the store's value."""
+    (--percentile, ...) and --depth / --neighbourhood to `advanced` (a new group "advanced" when None, returned);
+    unset flags keep the preset's or the store's value. The flags of removed settings (REMOVED_FLAGS) stay,
+    hidden, and stop with one line saying so."""
     if advanced is None:
         advanced = parser.add_argument_group(ADVANCED_TITLE, ADVANCED_DESCRIPTION)
     parser.add_argument("--preset", choices=tuple(PRESETS), default=None, help=preset_help())
     # deprecated: --no-budget-profile = --preset answers; --budget-profile = the default (no preset named)
     parser.add_argument("--budget-profile", dest="budget_profile", default=None, action=argparse.BooleanOptionalAction,
                         help=argparse.SUPPRESS)
-    main_fields = [f for name in MAIN_FIELDS for f in fields(QascParams) if f.name == name]
-    for f in main_fields + [f for f in fields(QascParams) if f.name not in MAIN_FIELDS]:
-        group = parser if f.name in MAIN_FIELDS else advanced
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(f.default, bool):
-            group.add_argument(flag, dest=f.name, default=UNSET, action=argparse.BooleanOptionalAction,
-                               help=f"{QASC_HELP[f.name]} {_default_text(f.name, f.default)}")
+    shipped = QascParams()
+    for name in MAIN_FIELDS + tuple(n for n in FIELD_NAMES if n not in MAIN_FIELDS):
+        group = parser if name in MAIN_FIELDS else advanced
+        flag, default = "--" + name.replace("_", "-"), getattr(shipped, name)
+        text = f"{QASC_HELP[name]} {_default_text(name, default)}"
+        if isinstance(default, bool):
+            group.add_argument(flag, dest=name, default=UNSET, action=argparse.BooleanOptionalAction, help=text)
         else:
-            choices = {"snap": SNAP_RULES, "score": SCORE_RULES, "extent": EXTENT_RULES,
-                       "block_extents": BLOCK_RULES}.get(f.name)
-            extra = {"choices": choices} if choices else {}
-            names = [flag, "-m"] if f.name == "radius" else [flag]
-            group.add_argument(*names, dest=f.name, default=UNSET, type=_flag_type(f.name, f.default),
-                               help=f"{QASC_HELP[f.name]} {_default_text(f.name, f.default)}", **extra)
+            extra = {"choices": BLOCK_RULES} if name == "block_extents" else {}
+            group.add_argument(flag, dest=name, default=UNSET, type=_flag_type(name, default), help=text, **extra)
+    for name in sorted(REMOVED_FLAGS):  # hidden: a flag of a removed setting says so in one line
+        parser.add_argument(name, dest="removed_flag", action=_Removed, nargs="?", default=None,
+                            help=argparse.SUPPRESS)
     for f in fields(RetrievalConfig):
         advanced.add_argument("--" + f.name, dest=f.name, type=int, default=UNSET,
                               help=f"{RETRIEVAL_HELP[f.name]} {_default_text(f.name, f.default)}")
@@ -148,7 +151,8 @@ def add_qasc_arguments(parser: argparse.ArgumentParser,
 
 def _given(args: argparse.Namespace, kind: type) -> dict:
     """The fields of `kind` set on the command line -> their values."""
-    return {f.name: getattr(args, f.name) for f in fields(kind) if getattr(args, f.name, UNSET) is not UNSET}
+    names = FIELD_NAMES if kind is QascParams else [f.name for f in fields(kind)]
+    return {n: getattr(args, n) for n in names if getattr(args, n, UNSET) is not UNSET}
 
 
 def params_from_args(args: argparse.Namespace, base: QascParams, base_retrieval: RetrievalConfig,
@@ -182,12 +186,11 @@ def setting_from_args(args: argparse.Namespace, base: QascParams,
     """args -> (QascParams, RetrievalConfig, the preset that answers or None: the store's own setting). A preset
     named: its values over the base, the flags given over them. None named: the flags over the base, then
     engine.presets.choose (`context` when a budget is set on the shipped knobs and none of them was given)."""
+    if getattr(args, "removed_flag", None):
+        raise removed_flag_error(args.removed_flag)
     preset = preset_from_args(args)
     params, retrieval = params_from_args(args, base, base_retrieval, preset)
     if preset is not None:
         return params, retrieval, preset
     given = frozenset(_given(args, QascParams)) | frozenset(_given(args, RetrievalConfig))
-    try:
-        return choose(params, retrieval, given)
-    except ValueError as exc:  # the store's other fields refuse the context knobs (e.g. max_seeds < 16)
-        raise QascError(f"the context preset on this store's setting: {exc}") from exc
+    return choose(params, retrieval, given)

@@ -11,7 +11,13 @@ from qasc.engine.errors import QascError
 from qasc.engine.presets import PRESETS, describe
 from qasc.engine.query import DEFAULT_SLICE_SIZE, MAX_QUERY_CHARS
 from qasc.jobs.devices import add_device_argument
-from qasc.jobs.params_cli import ADVANCED_DESCRIPTION, ADVANCED_TITLE, add_qasc_arguments, setting_from_args
+from qasc.jobs.params_cli import (
+    ADVANCED_DESCRIPTION,
+    ADVANCED_TITLE,
+    add_qasc_arguments,
+    removed_flag_error,
+    setting_from_args,
+)
 from qasc.jobs.query_ray import DEFAULT_WORKERS
 from qasc.jobs.results import ResultWriter, print_table, rows_to_chunks
 
@@ -164,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
     from qasc.engine.query import Engine
     from qasc.engine.store import read_manifest
     from qasc.engine.store.index import set_max_codes
+
+    if getattr(args, "removed_flag", None):  # before anything else: the flag names a setting that is gone
+        raise removed_flag_error(args.removed_flag)
 
     if args.question is not None:
         if not args.question.strip():

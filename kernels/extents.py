@@ -66,13 +66,12 @@ def pooled_extent_scores(
     segment_ids: torch.Tensor,
     seeds: torch.Tensor,
     max_len: int,
-    penalty: float = 0.0,
     boost: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """sims (Q, L) float, dots (Q, L, W >= max_len) float, valid/seeds (Q, L) bool, segment_ids (Q, L) int64,
     boost (Q, L) float or None -> scores (Q, L, max_len) float.
 
-    scores[q, a, n-1] = (s_a + ... + s_{a+n-1}) / ||e_a + ... + e_{a+n-1}|| - penalty * (n - 1): with
+    scores[q, a, n-1] = (s_a + ... + s_{a+n-1}) / ||e_a + ... + e_{a+n-1}||: with
     s_i = query . e_i and a unit query, the cosine between the query and the pooled embedding of the n
     sentences starting at position a (0 when the pooled vector is zero). The norms come from the neighbour
     dots (`run_norms`), so memory and time do not grow with the embedding width D. Sums run left to right.
@@ -111,7 +110,7 @@ def pooled_extent_scores(
             b_sum[:, : length - shift] += row_boost[:, shift:]
             cos = cos + b_sum / n
         inside = valid & (keys >= 0) & (idx + shift <= run_end)
-        out[..., shift] = torch.where(inside & has_seed, cos - penalty * shift, torch.full_like(cos, float("-inf")))
+        out[..., shift] = torch.where(inside & has_seed, cos, torch.full_like(cos, float("-inf")))
     return out
 
 

@@ -1,47 +1,10 @@
-"""Interval merging per row: windows -> covered sentences -> labelled segments with aggregated scores."""
+"""Chunks per row: labelled segments of picked sentences, their spans, token sums and scores."""
 
 from __future__ import annotations
 
 import torch
 
-from qasc.kernels.runs import positions_like, region_keys, run_bounds
-
-
-def coverage(kept: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """kept (Q, L) bool, starts/ends (Q, L) int64 inclusive -> covered (Q, L) bool (union of kept windows)."""
-    q, length = kept.shape
-    delta = torch.zeros((q, length + 1), dtype=torch.long, device=kept.device)
-    one = kept.long()
-    delta.scatter_add_(1, torch.where(kept, starts, torch.zeros_like(starts)), one)
-    delta.scatter_add_(1, torch.where(kept, ends + 1, torch.zeros_like(ends)), -one)
-    return delta.cumsum(dim=1)[:, :length] > 0
-
-
-def fill_gaps(
-    covered: torch.Tensor, segment_ids: torch.Tensor, valid: torch.Tensor, gap: int
-) -> torch.Tensor:
-    """covered (Q, L) bool, segment_ids (Q, L) int64, valid (Q, L) bool -> covered (Q, L) bool.
-
-    Uncovered stretches of at most `gap` sentences between two covered sentences of the same segment
-    (one run of equal segment ids among valid positions: an id that recurs later in the row is another
-    segment) become covered (gap 0 changes nothing: adjacent windows already touch).
-    """
-    if gap < 0:
-        raise ValueError(f"gap must be >= 0, got {gap}")
-    q, length = covered.shape
-    if gap == 0 or length == 0:
-        return covered.clone()
-    idx = positions_like(covered)
-    keys = region_keys(segment_ids, valid)
-    prev_cov = torch.where(covered, idx, torch.full_like(idx, -1)).cummax(dim=1).values
-    next_cov = torch.where(covered, idx, torch.full_like(idx, length)).flip(1).cummin(dim=1).values.flip(1)
-    has_both = (prev_cov >= 0) & (next_cov < length)
-    # same segment = same run of keys (an id may recur later in the row as a different segment)
-    run_start, _ = run_bounds(keys)
-    prev_run = run_start.gather(1, prev_cov.clamp(0, length - 1))
-    same_run = prev_run == run_start.gather(1, next_cov.clamp(0, length - 1))
-    fill = ~covered & has_both & same_run & (next_cov - prev_cov - 1 <= gap) & (keys >= 0)
-    return covered | fill
+from qasc.kernels.runs import positions_like, region_keys
 
 
 def label_segments(

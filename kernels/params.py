@@ -1,163 +1,223 @@
-"""QASC parameters: one frozen, validated dataclass shared by the kernels pipeline and the engine."""
+"""QASC parameters: four small frozen groups (seeding, extents, selection, budget) and the scoring model
+(kernels.signals.ScoringModel), combined in one frozen, validated QascParams shared by the kernels and the engine.
+
+18 fields in all (with engine.config.RetrievalConfig's depth and neighbourhood: 20). Each group validates its own
+fields; QascParams reads and replaces them by their flat names (`params.percentile`, `params.replace(top_k=3)`), the
+names a store's manifest and the CLI flags use (`to_dict` / `from_flat`).
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from qasc.kernels.signals import ScoringModel
 
-SCORE_RULES = ("seed_sim", "window_max", "window_mean")
-SNAP_RULES = ("none", "paragraph", "section")
-EXTENT_RULES = ("window", "pooled")
 BLOCK_RULES = ("none", "paragraph", "section", "both")
 MAX_EXTENT_LIMIT = 64  # pooled runs are scored for every length up to max_extent: (Q, L, max_extent) per batch
-FLOAT_FIELDS = ("percentile", "threshold", "margin", "extent_penalty", "decay", "factor", "score_margin",
-                "far_margin", "length_bonus", "context_weight", "heading_residual", "lexical_weight", "fill_diversity")
+# at most this many non-overlapping extents picked per query, best first (a constant: 10 and 32 gave the `answers`
+# preset the same F1 on the six sets, and the `context` preset needs more than 10; bench/RESULTS.md, "Fewer,
+# grouped knobs")
+MAX_PICKS = 32
+
+
+def _finite(group: object) -> list[str]:
+    """nan / inf in a float field: refused before the range checks (nan passes every comparison)."""
+    return [f"{f.name} must be a finite number, got {getattr(group, f.name)}" for f in fields(group)
+            if isinstance(getattr(group, f.name), float) and not math.isfinite(getattr(group, f.name))]
+
+
+def _raise(problems: list[str]) -> None:
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 @dataclass(frozen=True)
-class QascParams:
-    """Every knob of query-time chunking.
-
-    Defaults: pooled extents (runs of up to 2 sentences holding a p90 seed, clipped to the paragraph, and whole
-    sections complete in the candidate region, a title's text excepted, with a length bonus 0.02 ln(sentences)),
-    the best chunk, its neighbours within 6 sentences and chunks elsewhere within 0.05 of it, every chunk within
-    0.1 of the best, at most 10 (with RetrievalConfig depth 8, neighbourhood 2), rows scored by the one scoring
-    model (kernels.signals: cosine, heading boost w 12, heading residual 0.75, lexical term 0.8 without the
-    heading's own words; no switch per query). Leave-one-dataset-out over the six development sets, every
-    signal's ablation and the form's measured alternatives: bench/RESULTS.md, "One scoring model". The
-    window-mode fields keep the setting cross-validation chose among windows (adaptive up to m=3 within 0.1 of the
-    seed, window-max ranking). With a token budget and these chunking defaults, `qasc query` answers with the
-    suite's budget setting instead (engine.config.BUDGET_PROFILE, `--no-budget-profile` to keep these).
-    """
+class Seeding:
+    """Which candidate sentences seed extents."""
 
     percentile: float = 90.0  # seeds: sims >= the p-th percentile tau of the row (0..100)
     min_seeds: int = 1  # the most similar sentences that are always seeds
-    max_seeds: int | None = None  # at most this many seeds per query (None: no cap)
-    radius: int = 3  # window: m sentences each side (fixed), or the most it may grow (adaptive)
-    adaptive: bool = True  # grow while the neighbour's similarity stays >= the seed's threshold
-    threshold: float | None = None  # adaptive: absolute floor on a neighbour's similarity
-    margin: float | None = 0.1  # adaptive: neighbour must be >= seed similarity - margin
-    clip_to_paragraph: bool = True  # windows never leave the seed's paragraph
-    extent: str = "pooled"  # window: seed + (adaptive) window; pooled: best runs by pooled-embedding cosine
-    max_extent: int = 2  # pooled: longest run of sentences scored as one candidate extent
-    extent_penalty: float = 0.0  # pooled: subtracted from a run's score per sentence beyond the first
-    max_picks: int = 10  # pooled: at most this many non-overlapping runs picked per query
-    decay: float = 0.3  # lambda of the decay weights exp(-lambda |i - r|)
-    factor: float | None = 0.6  # keep windows scoring >= factor * tau; None: no score filter
-    merge: bool = True  # merge overlapping / nearby windows into one chunk (window extents only)
-    gap: int = 0  # windows at most `gap` sentences apart merge (0 = touching; window extents only)
-    snap: str = "none"  # grow chunks to whole paragraphs / sections when they fit the cap
-    max_tokens: int = 512  # hard cap on a chunk's length in model tokens
-    score: str = "window_max"  # chunk score: best kept seed similarity, or max/mean window score
-    top_k: int | None = 10  # chunks returned per query (None: no limit)
-    budget_tokens: int | None = None  # at most this many tokens returned per query
-    score_margin: float | None = 0.1  # return only chunks scoring >= best - margin
-    focus_gap: int | None = 6  # return only the best chunk and chunks <= this many sentences from it
-    far_margin: float | None = 0.05  # focus: also keep chunks elsewhere scoring >= best - far_margin
-    block_extents: str = "section"  # pooled: whole paragraphs / sections (complete in the row) are candidates too
-    length_bonus: float = 0.02  # pooled: added to a candidate's score times ln(its sentences)
-    # heading context (engine, stores with heading paths): w in boost = w * spread * (c - cref) (kernels.signals),
-    # added to the rows' scores before pre-retrieval ranking and scoring; 0 = off. 12: the development suite's
-    # fit on its first four sets, kept by the six-set leave-one-dataset-out (w 6: -2.4 pooled F1; RESULTS.md)
-    context_weight: float = 12.0
-    # heading residual (with the heading context on): a row's similarity minus beta * (q . h)(h . s), the part of
-    # it that its heading path h already explains (kernels.context.heading_residual); 0 = off. 0.75: chosen by
-    # leave-one-dataset-out on the development suite and its two-question composites (bench/RESULTS.md)
-    heading_residual: float = 0.75
-    # lexical term (engine, queries with their texts): alpha * BM25(row) / the most a row could score for the query,
-    # without the query terms the row's heading path holds when the heading context is on (kernels.signals,
-    # kernels.lexical); 0 = off. 0.8: the development suite's choice (bench/RESULTS.md, "One scoring model")
-    lexical_weight: float = 0.8
-    # budget fill (engine.fill, stores with passages): with budget_tokens set, the budget left after the chunks is
-    # filled with the best passages (the store's sentence runs up to its passage_tokens, embedded whole), cut where
-    # they overlap what is already returned. The development suite's choice at 400 tokens (bench/RESULTS.md,
-    # "The budget fill")
-    budget_fill: bool = True
-    # budget fill: a unit whose section already holds a returned chunk or an earlier unit counts this much less
-    # when the next unit is chosen (engine.passages.fill_budget; 0: by score alone): the budget reaches other
-    # sections before it repeats one. The development suite's leave-one-dataset-out choice (bench/RESULTS.md,
-    # "Diversity in the budget fill")
-    fill_diversity: float = 0.02
 
     def __post_init__(self) -> None:
-        problems = [f"{name} must be a finite number, got {getattr(self, name)}" for name in FLOAT_FIELDS
-                    if getattr(self, name) is not None and not math.isfinite(getattr(self, name))]
-        if problems:  # nan passes every comparison below: refuse it before they run
-            raise ValueError("; ".join(problems))
+        problems = _finite(self)
+        _raise(problems)
         if not 0.0 <= self.percentile <= 100.0:
             problems.append(f"percentile must be in [0, 100], got {self.percentile}")
         if self.min_seeds < 0:
             problems.append(f"min_seeds must be >= 0, got {self.min_seeds}")
-        if self.max_seeds is not None and self.max_seeds < 1:
-            problems.append(f"max_seeds must be >= 1, got {self.max_seeds}")
-        elif self.max_seeds is not None and self.min_seeds > self.max_seeds:
-            problems.append(f"min_seeds ({self.min_seeds}) must be <= max_seeds ({self.max_seeds})")
-        if self.radius < 0:
-            problems.append(f"radius (m) must be >= 0, got {self.radius}")
-        if self.decay < 0:
-            problems.append(f"decay (lambda) must be >= 0, got {self.decay}")
-        if self.margin is not None and self.margin < 0:
-            problems.append(f"margin must be >= 0, got {self.margin}")
-        if self.gap < 0:
-            problems.append(f"gap must be >= 0, got {self.gap}")
-        if self.snap not in SNAP_RULES:
-            problems.append(f"snap must be one of {SNAP_RULES}, got {self.snap!r}")
-        if self.extent not in EXTENT_RULES:
-            problems.append(f"extent must be one of {EXTENT_RULES}, got {self.extent!r}")
+        _raise(problems)
+
+
+@dataclass(frozen=True)
+class Extents:
+    """Which spans around the seeds compete: pooled runs, whole blocks, the token cap."""
+
+    max_extent: int = 2  # longest run of sentences scored as one candidate extent
+    clip_to_paragraph: bool = True  # runs (and the merging of touching picks) stay in one paragraph
+    block_extents: str = "section"  # whole paragraphs / sections (complete in the row) are candidates too
+    length_bonus: float = 0.02  # added to a candidate's score times ln(its sentences)
+    max_tokens: int = 512  # hard cap on a chunk's length in model tokens
+
+    def __post_init__(self) -> None:
+        problems = _finite(self)
+        _raise(problems)
         if not 1 <= self.max_extent <= MAX_EXTENT_LIMIT:
             problems.append(f"max_extent must be in [1, {MAX_EXTENT_LIMIT}], got {self.max_extent}")
-        if self.extent_penalty < 0:
-            problems.append(f"extent_penalty must be >= 0, got {self.extent_penalty}")
-        if self.max_picks < 1:
-            problems.append(f"max_picks must be >= 1, got {self.max_picks}")
-        if self.score not in SCORE_RULES:
-            problems.append(f"score must be one of {SCORE_RULES}, got {self.score!r}")
-        if self.max_tokens < 1:
-            problems.append(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.top_k is not None and self.top_k < 1:
-            problems.append(f"top_k must be >= 1, got {self.top_k}")
-        if self.budget_tokens is not None and self.budget_tokens < 1:
-            problems.append(f"budget_tokens must be >= 1, got {self.budget_tokens}")
-        if self.focus_gap is not None and self.focus_gap < 0:
-            problems.append(f"focus_gap must be >= 0, got {self.focus_gap}")
-        if self.far_margin is not None and self.far_margin < 0:
-            problems.append(f"far_margin must be >= 0, got {self.far_margin}")
         if self.block_extents not in BLOCK_RULES:
             problems.append(f"block_extents must be one of {BLOCK_RULES}, got {self.block_extents!r}")
         if not -1.0 <= self.length_bonus <= 1.0:
             problems.append(f"length_bonus must be in [-1, 1], got {self.length_bonus}")
-        if not 0.0 <= self.context_weight < float("inf"):
-            problems.append(f"context_weight must be >= 0 and finite, got {self.context_weight}")
-        if not 0.0 <= self.heading_residual <= 2.0:
-            problems.append(f"heading_residual must be in [0, 2], got {self.heading_residual}")
-        if not 0.0 <= self.lexical_weight <= 10.0:
-            problems.append(f"lexical_weight must be in [0, 10], got {self.lexical_weight}")
-        if not 0 <= self.fill_diversity <= 10:
-            problems.append(f"fill_diversity must be in [0, 10], got {self.fill_diversity}")
-        if self.score_margin is not None and self.score_margin < 0:
-            problems.append(f"score_margin must be >= 0, got {self.score_margin}")
-        if problems:
-            raise ValueError("; ".join(problems))
+        if self.max_tokens < 1:
+            problems.append(f"max_tokens must be >= 1, got {self.max_tokens}")
+        _raise(problems)
 
     @property
     def block_kinds(self) -> tuple[str, ...]:
-        """The block kinds whose whole blocks are candidate extents: () unless pooled with block_extents set."""
-        if self.extent != "pooled" or self.block_extents == "none":
+        """The block kinds whose whole blocks are candidate extents."""
+        if self.block_extents == "none":
             return ()
         return ("paragraph", "section") if self.block_extents == "both" else (self.block_extents,)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which chunks a query returns."""
+
+    # picks that touch in one paragraph (one region unclipped) merge into one chunk scored by its best, and picks
+    # are not held to score_margin (a pick below it returns only inside a chunk whose best is within it): the
+    # `context` preset's single sentences around many seeds (the paper's windows of radius 0). False: every pick
+    # its own chunk, picked only within score_margin of the best
+    merge_picks: bool = False
+    top_k: int | None = 10  # chunks returned per query (None: no limit)
+    score_margin: float | None = 0.1  # pick and return only extents / chunks scoring >= best - margin
+    focus_gap: int | None = 6  # return only the best chunk and chunks <= this many sentences from it
+    far_margin: float | None = 0.05  # focus: also keep chunks elsewhere scoring >= best - far_margin
+
+    def __post_init__(self) -> None:
+        problems = _finite(self)
+        _raise(problems)
+        if self.top_k is not None and self.top_k < 1:
+            problems.append(f"top_k must be >= 1, got {self.top_k}")
+        if self.score_margin is not None and self.score_margin < 0:
+            problems.append(f"score_margin must be >= 0, got {self.score_margin}")
+        if self.focus_gap is not None and self.focus_gap < 0:
+            problems.append(f"focus_gap must be >= 0, got {self.focus_gap}")
+        if self.far_margin is not None and self.far_margin < 0:
+            problems.append(f"far_margin must be >= 0, got {self.far_margin}")
+        _raise(problems)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How many tokens a query returns, and what fills what the chunks leave."""
+
+    budget_tokens: int | None = None  # at most this many tokens returned per query
+    # budget fill (engine.fill, stores with passages): with budget_tokens set, the budget left after the chunks is
+    # filled with the best passages (the store's sentence runs up to its passage_tokens, embedded whole), cut where
+    # they overlap what is already returned (bench/RESULTS.md, "The budget fill")
+    budget_fill: bool = True
+    # a unit whose section already holds a returned chunk or an earlier unit counts this much less when the next
+    # unit is chosen (engine.passages.fill_budget; 0: by score alone; bench/RESULTS.md, "Diversity in the budget
+    # fill")
+    fill_diversity: float = 0.02
+
+    def __post_init__(self) -> None:
+        problems = _finite(self)
+        _raise(problems)
+        if self.budget_tokens is not None and self.budget_tokens < 1:
+            problems.append(f"budget_tokens must be >= 1, got {self.budget_tokens}")
+        if not 0 <= self.fill_diversity <= 10:
+            problems.append(f"fill_diversity must be in [0, 10], got {self.fill_diversity}")
+        _raise(problems)
+
+
+GROUPS = {"seeding": Seeding, "extents": Extents, "selection": Selection, "budget": Budget}
+# the scoring model's weights under their flat names: heading context w, heading residual beta, lexical alpha
+SIGNAL_NAMES = {"context_weight": "heading", "heading_residual": "residual", "lexical_weight": "lexical"}
+# flat name -> (group, its field there), in the order of the flags and the manifest
+FLAT: dict[str, tuple[str, str]] = {
+    **{f.name: (g, f.name) for g, kind in list(GROUPS.items())[:3] for f in fields(kind)},
+    **{name: ("signals", attr) for name, attr in SIGNAL_NAMES.items()},
+    **{f.name: ("budget", f.name) for f in fields(Budget)},
+}
+FIELD_NAMES = tuple(FLAT)
+# fields of earlier versions, gone: the window extents (the paper's windows and their merging, the `context`
+# preset's form before pooled runs merged where they touch) and the knobs no preset or grid used
+REMOVED_FIELDS = frozenset({"radius", "adaptive", "threshold", "margin", "decay", "factor", "merge", "gap", "score",
+                            "extent", "max_seeds", "extent_penalty", "snap", "max_picks"})
+
+
+@dataclass(frozen=True, init=False)
+class QascParams:
+    """Every knob of query-time chunking, in groups; built from groups or from flat names
+    (`QascParams(percentile=95.0)`, `QascParams(seeding=Seeding(95.0))`).
+
+    Defaults (the `answers` preset): runs of up to 2 sentences holding a p90 seed, clipped to the paragraph, and
+    whole sections complete in the candidate region (a title's text excepted), with a length bonus
+    0.02 ln(sentences), each picked extent its own chunk; the best chunk, its neighbours within 6 sentences and
+    chunks elsewhere within 0.05 of it, every chunk within 0.1 of the best, at most 10 (with RetrievalConfig depth
+    8, neighbourhood 2); rows scored by the one scoring model
+    (kernels.signals: heading boost w 12, heading residual 0.75, lexical term 0.8). Leave-one-dataset-out over the
+    six development sets: bench/RESULTS.md, "One scoring model" and "Fewer, grouped knobs".
+    """
+
+    seeding: Seeding
+    extents: Extents
+    selection: Selection
+    signals: ScoringModel
+    budget: Budget
+
+    def __init__(self, seeding: Seeding | None = None, extents: Extents | None = None,
+                 selection: Selection | None = None, signals: ScoringModel | None = None,
+                 budget: Budget | None = None, **flat: object) -> None:
+        groups = {"seeding": seeding or Seeding(), "extents": extents or Extents(),
+                  "selection": selection or Selection(), "signals": signals or ScoringModel(),
+                  "budget": budget or Budget()}
+        unknown = sorted(set(flat) - set(FLAT))
+        if unknown:
+            raise TypeError(f"unknown QASC parameter(s): {unknown}")
+        changes: dict[str, dict[str, object]] = {}
+        for name, value in flat.items():
+            group, attr = FLAT[name]
+            changes.setdefault(group, {})[attr] = value
+        problems = []
+        for group, values in changes.items():
+            try:
+                groups[group] = replace(groups[group], **values)
+            except ValueError as exc:
+                problems.append(str(exc))
+        _raise(problems)
+        for group, value in groups.items():
+            object.__setattr__(self, group, value)
+
+    def __getattr__(self, name: str) -> object:
+        if name in FLAT:  # a flat name: its group's field
+            group, attr = FLAT[name]
+            return getattr(object.__getattribute__(self, group), attr)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def block_kinds(self) -> tuple[str, ...]:
+        """The block kinds whose whole blocks are candidate extents: () with block_extents none."""
+        return self.extents.block_kinds
 
     @property
     def scoring(self) -> ScoringModel:
         """The scoring model's weights (kernels.signals): heading w, residual beta, lexical alpha."""
-        return ScoringModel(self.context_weight, self.heading_residual, self.lexical_weight)
+        return self.signals
 
     def replace(self, **changes: object) -> QascParams:
-        unknown = set(changes) - {f.name for f in fields(self)}
+        """A copy with these fields (flat names) changed; ValueError for a name that is none."""
+        unknown = set(changes) - set(FLAT)
         if unknown:
             raise ValueError(f"unknown QASC parameter(s): {sorted(unknown)}")
-        return QascParams(**{**asdict(self), **changes})
+        return QascParams(**{g: getattr(self, g) for g in (*GROUPS, "signals")}, **changes)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The flat fields -> values (the manifest's `qasc` section, the CLI's names)."""
+        return {name: getattr(self, name) for name in FLAT}
+
+    def groups(self) -> dict[str, dict]:
+        """Group name -> its fields and values."""
+        return {g: asdict(getattr(self, g)) for g in (*GROUPS, "signals")}

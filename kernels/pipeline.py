@@ -7,8 +7,8 @@ from types import ModuleType
 
 import torch
 
-from qasc.kernels import extents, merging, seeding, selection, snapping, windows
-from qasc.kernels.params import QascParams
+from qasc.kernels import extents, merging, seeding, selection, snapping
+from qasc.kernels.params import MAX_PICKS, QascParams
 from qasc.kernels.runs import combine_keys, region_keys
 
 
@@ -17,16 +17,10 @@ class FastOps:
     """The vectorized kernels, bundled so that `run_qasc` can swap in `kernels.reference`."""
 
     percentile_seeds = staticmethod(seeding.percentile_seeds)
-    expand_windows = staticmethod(windows.expand_windows)
-    decay_window_scores = staticmethod(windows.decay_window_scores)
-    keep_windows = staticmethod(windows.keep_windows)
-    coverage = staticmethod(merging.coverage)
-    fill_gaps = staticmethod(merging.fill_gaps)
     label_segments = staticmethod(merging.label_segments)
     segment_spans = staticmethod(merging.segment_spans)
     segment_sums = staticmethod(merging.segment_sums)
     segment_scores = staticmethod(merging.segment_scores)
-    snap_to_blocks = staticmethod(snapping.snap_to_blocks)
     cap_breaks = staticmethod(snapping.cap_breaks)
     select_chunks = staticmethod(selection.select_chunks)
     focus_on_best = staticmethod(selection.focus_on_best)
@@ -74,11 +68,11 @@ def run_qasc(
     A row is one query's candidate text: one or more regions (runs of equal region id: a document or a
     neighbourhood inside one) laid end to end; nothing ever crosses a region boundary. `dots`
     (Q, L, W >= params.max_extent) float, each position's dot products with the sentence vectors of its next
-    W-1 positions (`kernels.extents.neighbour_dots` of the rows behind `sims`), are needed by
-    params.extent == "pooled" only. `blocks` maps "paragraph" / "section" to (sizes (Q, L) int64, norms (Q, L)
-    float): each position's whole block in its document, its sentences and the norm of its summed vectors
-    (`kernels.extents.block_stats`); needed by params.block_extents only. `boost` (Q, L) float: an additive
-    per-row score (the scoring model's heading boost, kernels.signals) that seeding, windows and whole blocks see
+    W-1 positions (`kernels.extents.neighbour_dots` of the rows behind `sims`), are required. `blocks` maps
+    "paragraph" / "section" to (sizes (Q, L) int64, norms (Q, L) float): each position's whole block in its
+    document, its sentences and the norm of its summed vectors (`kernels.extents.block_stats`); needed by
+    params.block_extents only. `boost` (Q, L) float: an additive
+    per-row score (the scoring model's heading boost, kernels.signals) that seeding and whole blocks see
     added to `sims`; pooled runs add their mean boost once to the pooled cosine of `sims` (a run outranks its own
     best sentence only by what it says, not by repeating its heading), whole blocks pool sims + boost (a section
     whose heading the question matches is lifted as a whole).
@@ -91,71 +85,34 @@ def run_qasc(
     plain = sims  # without the boost: what pooled runs take their cosine of (the boost counts once per run)
     if boost is not None:
         sims = sims + boost
-    tau, seeds = ops.percentile_seeds(sims, valid, p.percentile, p.min_seeds, p.max_seeds)
+    tau, seeds = ops.percentile_seeds(sims, valid, p.percentile, p.min_seeds)
     window_keys = combine_keys(region, paragraph_ids) if p.clip_to_paragraph else region
-    if p.extent == "pooled":
-        if dots is None:
-            raise ValueError("extent='pooled' needs the neighbour dots (Q, L, W) of the sentence vectors")
-        runs = ops.pooled_extent_scores(plain, dots, valid, window_keys, seeds, p.max_extent, p.extent_penalty, boost)
-        if p.length_bonus:  # a run of n sentences gains length_bonus * ln(n): one constant per slot
-            n = torch.arange(1, p.max_extent + 1, dtype=runs.dtype, device=runs.device)
-            runs = runs + p.length_bonus * torch.log(n)
-        lengths = None  # slot m: the run of m + 1 sentences
-        if p.block_kinds:
-            runs, lengths = _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seeds, n_tokens,
-                                         p, blocks, ops)
-        pick_id, seed_values = ops.pick_extents(runs, p.max_picks, p.score_margin, lengths)
-        kept = pick_id >= 0  # every picked sentence; its value is its run's score
-        how = "max"
-        # picks are disjoint runs, each its own chunk: merging touching picks would grow the best pick by its
-        # weaker neighbours, so every pick starts a new chunk (and gap filling does not apply)
-        apart = kept.clone()
-        if kept.shape[1] > 1:
-            apart[:, 1:] &= pick_id[:, 1:] != pick_id[:, :-1]
-        covered = kept
-    else:
-        threshold = None
-        if p.adaptive:
-            threshold = torch.full_like(sims, float("-inf"))
-            if p.threshold is not None:
-                threshold = torch.full_like(sims, p.threshold)
-            if p.margin is not None:
-                threshold = torch.maximum(threshold, sims - p.margin)
-        starts, ends = ops.expand_windows(sims, valid, seeds, window_keys, p.radius, threshold)
-        win_scores = ops.decay_window_scores(sims, valid, seeds, starts, ends, p.decay)
-        kept = ops.keep_windows(win_scores, seeds, tau, p.factor)
-        # the most similar seed always survives the score filter: a query with candidates gets an answer
-        if sims.shape[1] > 0:  # amax over an empty row dimension raises
-            best = seeds & (sims == torch.where(seeds, sims, float("-inf")).amax(dim=1, keepdim=True))
-            first_best = best & (best.long().cumsum(dim=1) == 1)
-            kept = kept | first_best
-        seed_values = sims if p.score == "seed_sim" else win_scores
-        how = "mean" if p.score == "window_mean" else "max"
-        apart = None
-        if p.merge:
-            covered = ops.fill_gaps(ops.coverage(kept, starts, ends), region, valid, p.gap)
-
-    if p.merge or apart is not None:
-        labels, count = ops.label_segments(covered, region, valid, breaks=apart)
-        if p.snap != "none":
-            blocks = paragraph_ids if p.snap == "paragraph" else section_ids
-            n_seg = int(count.max()) if count.numel() else 0
-            covered = ops.snap_to_blocks(labels, n_seg, region, blocks, valid, n_tokens, p.max_tokens)
-            labels, count = ops.label_segments(covered, region, valid)
-        breaks = ops.cap_breaks(labels, n_tokens, p.max_tokens)
-        if apart is not None and p.snap == "none":
-            breaks = breaks | apart
-        labels, count = ops.label_segments(labels >= 0, region, valid, breaks)
-    else:  # ablation: every kept window is its own chunk; windows over the cap shrink to the seed
-        labels, count = ops.label_segments(kept, region, valid, breaks=kept)
-        count = kept.sum(dim=1)
+    if dots is None:
+        raise ValueError("run_qasc needs the neighbour dots (Q, L, W) of the sentence vectors")
+    runs = ops.pooled_extent_scores(plain, dots, valid, window_keys, seeds, p.max_extent, boost=boost)
+    if p.length_bonus:  # a run of n sentences gains length_bonus * ln(n): one constant per slot
+        n = torch.arange(1, p.max_extent + 1, dtype=runs.dtype, device=runs.device)
+        runs = runs + p.length_bonus * torch.log(n)
+    lengths = None  # slot m: the run of m + 1 sentences
+    if p.block_kinds:
+        runs, lengths = _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seeds, n_tokens,
+                                     p, blocks, ops)
+    # merge_picks: picks below the score margin too, for the chunks they touch (the margin applies to chunks)
+    pick_id, seed_values = ops.pick_extents(runs, MAX_PICKS, None if p.merge_picks else p.score_margin, lengths)
+    kept = pick_id >= 0  # every picked sentence; its value is its extent's score
+    # picks are disjoint, each its own chunk; with merge_picks, picks that touch in one paragraph (in one region when
+    # not clipped) are one chunk scored by its best pick (the `context` preset's single sentences around many seeds)
+    apart = kept.clone()
+    if kept.shape[1] > 1:
+        another = pick_id[:, 1:] != pick_id[:, :-1]
+        apart[:, 1:] &= (another & (window_keys[:, 1:] != window_keys[:, :-1])) if p.merge_picks else another
+    labels, count = ops.label_segments(kept, region, valid, breaks=apart)
+    breaks = ops.cap_breaks(labels, n_tokens, p.max_tokens) | apart
+    labels, count = ops.label_segments(labels >= 0, region, valid, breaks)
     n_seg = int(count.max()) if count.numel() else 0
-    scores = ops.segment_scores(labels, seed_values, kept, n_seg, how)
-    if p.merge or apart is not None:
-        seg_start, seg_end = ops.segment_spans(labels, n_seg)
-        seg_tokens = ops.segment_sums(labels, torch.where(valid, n_tokens, 0), n_seg)
-    else:
-        seg_start, seg_end, seg_tokens = _window_spans(kept, starts, ends, n_tokens, valid, labels, n_seg, p)
+    scores = ops.segment_scores(labels, seed_values, kept, n_seg, "max")
+    seg_start, seg_end = ops.segment_spans(labels, n_seg)
+    seg_tokens = ops.segment_sums(labels, torch.where(valid, n_tokens, 0), n_seg)
     if p.focus_gap is not None and n_seg > 0:
         seg_region = region.gather(1, seg_start.clamp(min=0))
         scores = ops.focus_on_best(scores, seg_start, seg_end, seg_region, p.focus_gap, p.far_margin)
@@ -201,24 +158,3 @@ def _with_blocks(runs, sims, valid, region_ids, paragraph_ids, section_ids, seed
         out[row, at, k] = value
         lengths[row, at, k] = n
     return out, lengths
-
-
-def _window_spans(kept, starts, ends, n_tokens, valid, labels, n_seg, p):
-    """No-merge ablation: spans (Q, S) of each kept window, in seed order; a window over the cap is cut to its seed."""
-    q, length = kept.shape
-    cum = torch.where(valid, n_tokens, 0).cumsum(dim=1)
-    before = torch.cat([torch.zeros_like(cum[:, :1]), cum], dim=1)
-    s = starts.clamp(min=0)
-    e = ends.clamp(min=0)
-    tokens = before.gather(1, e + 1) - before.gather(1, s)
-    idx = torch.arange(length, device=kept.device).expand(q, length)
-    over = tokens > p.max_tokens
-    s = torch.where(over, idx, s)
-    e = torch.where(over, idx, e)
-    tokens = before.gather(1, e + 1) - before.gather(1, s)
-    slot = torch.where(kept, labels, torch.full_like(labels, n_seg))
-    out = torch.full((q, n_seg + 1), -1, dtype=torch.long, device=kept.device)
-    span_s = out.scatter(1, slot, torch.where(kept, s, -1))[:, :n_seg]
-    span_e = out.scatter(1, slot, torch.where(kept, e, -1))[:, :n_seg]
-    span_t = torch.zeros_like(out).scatter(1, slot, torch.where(kept, tokens, 0))[:, :n_seg]
-    return span_s, span_e, span_t

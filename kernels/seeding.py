@@ -66,16 +66,12 @@ def percentile_seeds(
     valid: torch.Tensor,
     percentile: float | torch.Tensor,
     min_seeds: int = 1,
-    max_seeds: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """sims (Q, L) float, valid (Q, L) bool -> tau (Q,) float, seeds (Q, L) bool.
 
-    seeds = valid & sims >= tau; then the `min_seeds` most similar valid sentences are always seeds
-    and only the `max_seeds` most similar ones are kept (ties broken by position). Rows with no valid
-    entry have no seeds.
+    seeds = valid & sims >= tau; then the `min_seeds` most similar valid sentences are always seeds (ties broken
+    by position). Rows with no valid entry have no seeds.
     """
     tau = percentile_threshold(sims, valid, percentile)
     seeds = valid & ((sims >= tau[:, None]) | top_ranked(sims, valid, min_seeds))
-    if max_seeds is not None:
-        seeds &= top_ranked(sims, valid, max_seeds)
     return tau, seeds

@@ -21,18 +21,14 @@ from qasc.kernels.params import QascParams
 
 NEUTRAL = {"top_k": None, "budget_tokens": None, "score_margin": None}
 # The grid's own starting point, spelled out so that it does not move when the engine's defaults (the
-# setting this grid chose) change: plain sentences, no adaptive growth, seed-similarity ranking.
-GRID_BASE = {"percentile": 95.0, "radius": 0, "adaptive": False, "margin": None, "clip_to_paragraph": False,
-             "score": "seed_sim", "extent": "window", "max_extent": 3, "extent_penalty": 0.0, "max_picks": 10,
-             "focus_gap": None, "far_margin": None, "block_extents": "none", "length_bonus": 0.0,
-             "lexical_weight": 0.0}
+# setting this grid chose) change: single sentences, not clipped to the paragraph, every pick its own chunk.
+GRID_BASE = {"percentile": 95.0, "max_extent": 1, "clip_to_paragraph": False, "merge_picks": False,
+             "focus_gap": None, "far_margin": None, "block_extents": "none", "length_bonus": 0.0, "lexical_weight": 0.0}
 DEFAULTS = QascParams(**{**GRID_BASE, **NEUTRAL})
 DEFAULT_RETRIEVAL = RetrievalConfig()
-SHORT = {"percentile": "p", "radius": "m", "decay": "lam", "factor": "f", "gap": "gap", "snap": "snap",
-         "score": "score", "margin": "margin", "threshold": "thr", "max_tokens": "cap", "min_seeds": "min",
-         "max_seeds": "max", "clip_to_paragraph": "clip", "adaptive": "adaptive", "merge": "merge",
-         "extent": "extent", "max_extent": "runs", "extent_penalty": "pen", "max_picks": "picks",
-         "focus_gap": "focus", "far_margin": "far", "block_extents": "blocks", "length_bonus": "lam",
+SHORT = {"percentile": "p", "max_extent": "runs", "max_tokens": "cap", "min_seeds": "min", "clip_to_paragraph": "clip",
+         "merge_picks": "merge", "focus_gap": "focus", "far_margin": "far", "block_extents": "blocks",
+         "length_bonus": "lam",
          "context_weight": "ctx", "heading_residual": "hres", "lexical_weight": "lex", "budget_fill": "fill",
          "fill_diversity": "filldiv"}
 
@@ -45,14 +41,14 @@ class Setting:
     retrieval: RetrievalConfig
 
     def key(self) -> str:
-        """Compact, stable name: the fields that differ from the defaults, e.g. `p90 m2 clip=T depth16 nb2`."""
+        """Compact, stable name: the fields that differ from the defaults, e.g. `p90 runs2 clip=T depth16 nb2`."""
         parts = []
         for name, short in SHORT.items():
             value = getattr(self.params, name)
-            if name in ("percentile", "radius") or value != getattr(DEFAULTS, name):
+            if name in ("percentile", "max_extent") or value != getattr(DEFAULTS, name):
                 if isinstance(value, bool):
                     parts.append(f"{short}={'T' if value else 'F'}")
-                elif name in ("percentile", "radius"):
+                elif name in ("percentile", "max_extent"):
                     parts.append(f"{short}{value:g}")
                 else:
                     parts.append(f"{short}={value}")
@@ -73,11 +69,11 @@ def setting(retrieval: dict | None = None, **params: object) -> Setting:
     return Setting(QascParams(**{**GRID_BASE, **NEUTRAL, **params}), RetrievalConfig(**(retrieval or {})))
 
 
-# The declared grid: every combination of these axes (windows as whole bundles, so that e.g. a margin is
-# never tried without adaptive growth). Chosen per fold by leave-one-corpus-out cross-validation.
-WINDOWS = (
-    {"radius": 0},
-    {"radius": 3, "adaptive": True, "margin": 0.10, "clip_to_paragraph": True},
+# The declared grid: every combination of these axes (extents as whole bundles). Chosen per fold by
+# leave-one-corpus-out cross-validation. The paper's adaptive windows (radius 3, margin 0.1, clipped) left the grid
+# with the window extents (bench/RESULTS.md, "Fewer, grouped knobs").
+EXTENTS = (
+    {"max_extent": 1, "merge_picks": True},  # single sentences, touching ones one chunk (the `context` preset's)
     # query-adaptive extents: the best runs of up to 2 / 3 sentences by pooled-embedding cosine, and whole
     # sections (complete in the candidate region, within the token cap) as candidates too, with a length bonus
     # 0.02 ln(sentences). Section blocks are a fixed part of the method, not a grid choice: a section competes
@@ -86,21 +82,18 @@ WINDOWS = (
     # choice, the medquad fold (trained on three sets that show no difference) dropped them: held-out medquad
     # F1 35.5 -> 65.0 with them fixed, the other three folds unchanged. Paragraph blocks ("both") are left out:
     # the heading boost inflates long extents, and held out they cost tatqa -1.0 and policyqa -0.9 F1.
-    {"extent": "pooled", "max_extent": 2, "clip_to_paragraph": True, "block_extents": "section",
-     "length_bonus": 0.02},
-    {"extent": "pooled", "max_extent": 3, "clip_to_paragraph": True, "block_extents": "section",
-     "length_bonus": 0.02},
-    {"extent": "pooled", "max_extent": 3, "clip_to_paragraph": False, "block_extents": "section",
-     "length_bonus": 0.02},
+    {"max_extent": 2, "clip_to_paragraph": True, "block_extents": "section", "length_bonus": 0.02},
+    {"max_extent": 3, "clip_to_paragraph": True, "block_extents": "section", "length_bonus": 0.02},
+    {"max_extent": 3, "clip_to_paragraph": False, "block_extents": "section", "length_bonus": 0.02},
 )
 # Seeding bundles: the percentile rule alone (few seeds: precise top-k), or at least 16 seeds (the most
 # similar candidates), which lets a query return enough chunks to fill the larger token budgets.
 SEEDING = (
-    {"percentile": 75.0, "min_seeds": 1},  # pooled extents only: every run holding a top-quarter sentence
+    {"percentile": 75.0, "min_seeds": 1},  # runs and blocks only: every run holding a top-quarter sentence
     {"percentile": 90.0, "min_seeds": 1},
     {"percentile": 95.0, "min_seeds": 16},
 )
-# The focus rule (pooled extents only): keep the best chunk's neighbours within focus_gap sentences, and
+# The focus rule (runs and blocks only): keep the best chunk's neighbours within focus_gap sentences, and
 # (far_margin) chunks elsewhere, in other regions or documents, scoring within far_margin of the best.
 FOCUS = ((None, None), (4, None), (6, None), (6, 0.02), (6, 0.05))
 # The lexical term (kernels.signals): off, or alpha x BM25 / the query's best possible (without the query terms the
@@ -109,20 +102,16 @@ FOCUS = ((None, None), (4, None), (6, None), (6, 0.02), (6, 0.05))
 LEXICAL = ({"lexical_weight": 0.0}, {"lexical_weight": 0.4}, {"lexical_weight": 0.8})
 GRID_AXES: dict[str, Sequence] = {
     "seeding": SEEDING,
-    "window": WINDOWS,
-    "gap": (0,),
+    "extents": EXTENTS,
     "focus": FOCUS,
-    "score": ("seed_sim",),
     "retrieval": ({"depth": 8, "neighbourhood": 2}, {"depth": 16, "neighbourhood": 4},
                   {"depth": 16, "neighbourhood": 8}),
     "lexical": LEXICAL,
 }
 QUICK_AXES: dict[str, Sequence] = {
     "seeding": (SEEDING[0], SEEDING[1]),
-    "window": (WINDOWS[0], WINDOWS[1], WINDOWS[2], WINDOWS[3]),
-    "gap": (0,),
+    "extents": (EXTENTS[0], EXTENTS[1], EXTENTS[2]),
     "focus": (FOCUS[0], FOCUS[1], FOCUS[3]),
-    "score": ("seed_sim",),
     "retrieval": ({"depth": 8, "neighbourhood": 2},),
     "lexical": (LEXICAL[0], LEXICAL[2]),
 }
@@ -132,17 +121,13 @@ def qasc_grid(quick: bool = False) -> list[Setting]:
     """The declared grid as a list of Settings (duplicates removed, declared order kept)."""
     axes = QUICK_AXES if quick else GRID_AXES
     out: dict[str, Setting] = {}
-    for seeding, window, gap, (focus, far), score, retrieval, lexical in itertools.product(*axes.values()):
-        params = {**seeding, "gap": gap, "focus_gap": focus, "far_margin": far, "score": score, **window, **lexical}
-        pooled = params.get("extent") == "pooled"
-        if focus is not None and not pooled:
-            continue  # the focus rule is declared for pooled extents (it is a selection rule for both)
-        if score != "seed_sim" and (params.get("radius", 0) == 0 or pooled):
-            continue  # with m = 0 (or pooled runs, scored by their own cosine) `score` changes nothing
-        if pooled and gap:
-            continue  # pooled picks are chunks of their own: gap filling does not apply
-        if params["percentile"] < 90 and not pooled:
-            continue  # low percentiles only make sense as a candidate filter for pooled runs
+    for seeding, extents, (focus, far), retrieval, lexical in itertools.product(*axes.values()):
+        params = {**seeding, "focus_gap": focus, "far_margin": far, **extents, **lexical}
+        runs = params["max_extent"] > 1
+        if focus is not None and not runs:
+            continue  # the focus rule is declared for runs and blocks (it is a selection rule for sentences too)
+        if params["percentile"] < 90 and not runs:
+            continue  # low percentiles only make sense as a candidate filter for runs
         s = setting(retrieval, **params)
         out.setdefault(s.key(), s)
     return list(out.values())
@@ -170,49 +155,29 @@ def select(hits: Sequence[Hit], selector: str, cap: int = 10) -> list[Hit]:
 Ablation = tuple[str, Callable[[Setting], Setting | None]]
 
 
-def _widest(s: Setting) -> int:
-    return max(s.params.radius, 2)
-
-
-def _pooled(s: Setting) -> bool:
-    return s.params.extent == "pooled"
-
-
 ABLATIONS: list[Ablation] = [
-    ("sentences only (m=0, no pooled runs)", lambda s: s.replace(extent="window", radius=0, adaptive=False,
-                                                                 margin=None)),
-    ("fixed window (m=max(m,2), no adaptive growth)", lambda s: s.replace(extent="window", radius=_widest(s),
-                                                                         adaptive=False, margin=None)),
-    ("adaptive window (margin 0.05, up to m=max(m,2))", lambda s: s.replace(extent="window", radius=_widest(s),
-                                                                            adaptive=True, margin=0.05)),
-    ("pooled runs of up to 3 sentences", lambda s: s.replace(extent="pooled", max_extent=3)),
-    ("pooled runs of 1 sentence (max_extent=1)", lambda s: s.replace(max_extent=1) if _pooled(s) else None),
-    ("pooled runs without the seed filter (p=0)", lambda s: s.replace(percentile=0.0) if _pooled(s) else None),
+    ("sentences only (max_extent=1, no blocks)", lambda s: s.replace(max_extent=1, block_extents="none",
+                                                                    length_bonus=0.0)),
+    ("runs of up to 3 sentences", lambda s: s.replace(max_extent=3)),
+    ("runs of 1 sentence (max_extent=1)", lambda s: s.replace(max_extent=1)),
+    ("runs without the seed filter (p=0)", lambda s: s.replace(percentile=0.0)),
     ("no focus on the best chunk (focus_gap=None)", lambda s: s.replace(focus_gap=None, far_margin=None)),
-    ("focus without far chunks (far_margin=None)", lambda s: s.replace(far_margin=None) if _pooled(s) else None),
+    ("focus without far chunks (far_margin=None)", lambda s: s.replace(far_margin=None)),
     ("far chunks within 0.02 of the best (far_margin=0.02)",
-     lambda s: s.replace(focus_gap=s.params.focus_gap or 6, far_margin=0.02) if _pooled(s) else None),
+     lambda s: s.replace(focus_gap=s.params.focus_gap or 6, far_margin=0.02)),
     ("no whole-block extents (block_extents=none, no length bonus)",
-     lambda s: s.replace(block_extents="none", length_bonus=0.0) if _pooled(s) else None),
+     lambda s: s.replace(block_extents="none", length_bonus=0.0)),
     ("whole paragraphs and sections (block_extents=both, bonus 0.02)",
-     lambda s: s.replace(block_extents="both", length_bonus=0.02) if _pooled(s) else None),
+     lambda s: s.replace(block_extents="both", length_bonus=0.02)),
     ("focus on the best chunk (focus_gap=4)", lambda s: s.replace(focus_gap=4)),
     ("no heading context (context_weight=0)", lambda s: s.replace(context_weight=0.0)),
     ("no heading residual (heading_residual=0)", lambda s: s.replace(heading_residual=0.0)),
     ("no lexical term (lexical_weight=0)", lambda s: s.replace(lexical_weight=0.0)),
     ("lexical term alpha 0.4", lambda s: s.replace(lexical_weight=0.4)),
-    # window-mode steps: not applicable (None) when pooled extents were chosen
-    ("no decay (lambda=0)", lambda s: None if _pooled(s) else s.replace(decay=0.0)),
-    ("no score filter (factor=None)", lambda s: None if _pooled(s) else s.replace(factor=None)),
-    ("no merging (merge=False)", lambda s: None if _pooled(s) else s.replace(merge=False)),
-    ("no snapping (snap=none)", lambda s: s.replace(snap="none")),
-    ("snap to paragraph", lambda s: s.replace(snap="paragraph")),
+    ("merge_picks switched (touching picks one chunk, or each its own)",
+     lambda s: s.replace(merge_picks=not s.params.merge_picks)),
     ("no paragraph clipping", lambda s: s.replace(clip_to_paragraph=False)),
-    ("clip windows to paragraph", lambda s: s.replace(clip_to_paragraph=True)),
-    ("paper setting (p=75, m=3, wide regions)", lambda s: s.replace(
-        retrieval={"depth": 8, "neighbourhood": 25}, percentile=75.0, radius=3, adaptive=False, margin=None,
-        clip_to_paragraph=False, decay=0.3, factor=0.6, gap=0, snap="none", score="window_max", extent="window",
-        focus_gap=None)),
+    ("clip to paragraph", lambda s: s.replace(clip_to_paragraph=True)),
 ]
 
 

@@ -302,8 +302,8 @@ def render(results: dict) -> str:
                      f"{_f(a['recall']['mean'])} | {_f(a['f1']['mean'])} | {_ci(a['delta_f1'])} | "
                      f"{_f(a['tokens'], 0)} |")
         L.append("")
-        L.append("A variant equal to the chosen setting on some fold (e.g. `no window` when m=0 was chosen) "
-                 "changes nothing there; `folds changed` counts the folds it did change.")
+        L.append("A variant equal to the chosen setting on some fold (e.g. `runs of 1 sentence` when max_extent 1 was "
+                 "chosen) changes nothing there; `folds changed` counts the folds it did change.")
         L.append("")
 
     hist = results.get("granularity")

@@ -9,8 +9,6 @@ Conventions shared by all functions:
 
 * a "segment" of a row is a maximal run of equal consecutive keys among valid positions; an invalid position
   belongs to no segment and always separates segments;
-* "block" (snapping) is a maximal run of consecutive valid positions with the same segment key and the same
-  block id;
 * chunk labels are >= 0; -1 means "no chunk".
 
 One module per module of `kernels/` (kernels/reference/seeding.py twins kernels/seeding.py, ...), loop helpers
@@ -54,20 +52,12 @@ from qasc.kernels.reference.ivf_scan import (
     top_k_per_query,
 )
 from qasc.kernels.reference.lexical import lexical_scores
-from qasc.kernels.reference.merging import (
-    coverage,
-    fill_gaps,
-    label_segments,
-    segment_scores,
-    segment_spans,
-    segment_sums,
-)
+from qasc.kernels.reference.merging import label_segments, segment_scores, segment_spans, segment_sums
 from qasc.kernels.reference.runs import combine_keys, positions_like, region_keys, run_bounds
 from qasc.kernels.reference.seeding import percentile_seeds, percentile_threshold, similarity_ranks, top_ranked
 from qasc.kernels.reference.selection import focus_on_best, select_chunks
 from qasc.kernels.reference.signals import normalised_lexical, row_scores
-from qasc.kernels.reference.snapping import cap_breaks, snap_to_blocks
-from qasc.kernels.reference.windows import decay_window_scores, expand_windows, keep_windows
+from qasc.kernels.reference.snapping import cap_breaks
 
 __all__ = [
     "best_paths",
@@ -78,10 +68,6 @@ __all__ = [
     "column_inverse",
     "combine_keys",
     "context_boost",
-    "coverage",
-    "decay_window_scores",
-    "expand_windows",
-    "fill_gaps",
     "focus_on_best",
     "gathered_dots",
     "heading_gate",
@@ -90,7 +76,6 @@ __all__ = [
     "int8_products",
     "ivf_sq8_topk",
     "ivf_vectors_topk",
-    "keep_windows",
     "label_segments",
     "lexical_scores",
     "neighbour_dots",
@@ -118,7 +103,6 @@ __all__ = [
     "select_chunks",
     "shortlist_top",
     "similarity_ranks",
-    "snap_to_blocks",
     "top_k_per_query",
     "top_ranked",
 ]

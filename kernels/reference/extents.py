@@ -45,12 +45,11 @@ def pooled_extent_scores(
     segment_ids: torch.Tensor,
     seeds: torch.Tensor,
     max_len: int,
-    penalty: float = 0.0,
     boost: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """scores (Q, L, max_len): cosine of the query with the summed embeddings of each run of n sentences
     starting at a (sims summed left to right; the norm from the pairwise dots of the run's valid sentences),
-    plus the mean of the run's boosts (summed left to right, over n) when given, minus penalty * (n - 1); -inf
+    plus the mean of the run's boosts (summed left to right, over n) when given; -inf
     unless the run stays in one segment and holds a seed."""
     if max_len < 1:
         raise ValueError(f"max_len must be >= 1, got {max_len}")
@@ -80,7 +79,7 @@ def pooled_extent_scores(
                     for i in run:
                         lift = _round(lift + boosts[b][i], dtype)
                     cos = _round(cos + _round(lift / n, dtype), dtype)
-                out[b][a][n - 1] = _round(cos - _round(penalty * (n - 1), dtype), dtype)
+                out[b][a][n - 1] = cos
     return _to_tensor(out, (q, length, max_len), dtype, sims.device)
 
 

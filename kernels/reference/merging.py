@@ -7,44 +7,6 @@ import torch
 from qasc.kernels.reference._common import _INF, _rows, _segment_ids, _to_tensor
 
 
-def coverage(kept: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
-    """covered (Q, L) bool: union of the inclusive windows [start, end] of the kept seeds."""
-    q, length = kept.shape
-    out: list[list[bool]] = []
-    for keep, st, en in zip(_rows(kept), _rows(starts), _rows(ends), strict=True):
-        covered = [False] * length
-        for r in range(length):
-            if keep[r]:
-                for i in range(st[r], en[r] + 1):
-                    covered[i] = True
-        out.append(covered)
-    return _to_tensor(out, (q, length), torch.bool, kept.device)
-
-
-def fill_gaps(covered: torch.Tensor, segment_ids: torch.Tensor, valid: torch.Tensor, gap: int) -> torch.Tensor:
-    """covered (Q, L) bool: uncovered stretches of <= `gap` sentences between two covered sentences of one
-    segment become covered."""
-    if gap < 0:
-        raise ValueError(f"gap must be >= 0, got {gap}")
-    q, length = covered.shape
-    out: list[list[bool]] = []
-    for cov, keys, ok in zip(_rows(covered), _rows(segment_ids), _rows(valid), strict=True):
-        seg = _segment_ids(keys, ok)
-        new = list(cov)
-        # covered sentences (valid positions) grouped by segment, in row order
-        by_segment: dict[int, list[int]] = {}
-        for i in range(length):
-            if cov[i] and seg[i] is not None:
-                by_segment.setdefault(seg[i], []).append(i)
-        for positions in by_segment.values():
-            for a, b in zip(positions, positions[1:], strict=False):
-                if 0 < b - a - 1 <= gap:
-                    for i in range(a + 1, b):
-                        new[i] = True
-        out.append(new)
-    return _to_tensor(out, (q, length), torch.bool, covered.device)
-
-
 def label_segments(
     covered: torch.Tensor, segment_ids: torch.Tensor, valid: torch.Tensor, breaks: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -64,9 +64,8 @@ def percentile_seeds(
     valid: torch.Tensor,
     percentile: float | torch.Tensor,
     min_seeds: int = 1,
-    max_seeds: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """tau (Q,), seeds (Q, L) bool: valid sims >= tau, plus the `min_seeds` most similar, capped to `max_seeds`."""
+    """tau (Q,), seeds (Q, L) bool: valid sims >= tau, plus the `min_seeds` most similar."""
     q, length = sims.shape
     tau = percentile_threshold(sims, valid, percentile)
     out: list[list[bool]] = []
@@ -74,7 +73,5 @@ def percentile_seeds(
         ranked = sorted((i for i in range(length) if ok[i]), key=lambda i: (-row[i], i))
         chosen = {i for i in range(length) if ok[i] and row[i] >= t}
         chosen |= set(ranked[:min_seeds])
-        if max_seeds is not None:
-            chosen &= set(ranked[:max_seeds])
         out.append([i in chosen for i in range(length)])
     return tau, _to_tensor(out, (q, length), torch.bool, sims.device)

@@ -15,7 +15,7 @@ SENTENCES = ["Short one.", "A second, somewhat longer sentence for the batch.", 
 def test_kernels_bench():
     from bench import kernels
 
-    rec = kernels.main(["--qs", "1,3", "--ls", "16", "--settings", "default,r3-adaptive", "--repeats", "1",
+    rec = kernels.main(["--qs", "1,3", "--ls", "16", "--settings", "default,context", "--repeats", "1",
                         "--ref-rows", "2"])
     assert len(rec["rows"]) == 4 and all(r["equal"] for r in rec["rows"])
 

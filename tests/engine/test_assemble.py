@@ -102,13 +102,13 @@ def _queries(engine, n: int, seed: int = 0) -> torch.Tensor:
 
 @pytest.mark.parametrize("params", [
     QascParams(),
-    QascParams(extent="window"),
-    QascParams(extent="window", merge=False, top_k=None),
-    QascParams(top_k=None, snap="paragraph", max_tokens=60, block_extents="none"),
-    QascParams(extent="window", budget_tokens=120, top_k=None, score="window_mean"),
+    QascParams(max_extent=1, clip_to_paragraph=False, merge_picks=True, min_seeds=16, block_extents="none"),
+    QascParams(top_k=None, max_tokens=60, block_extents="paragraph"),
+    QascParams(max_extent=3, budget_tokens=120, top_k=None),
 ])
 def test_engine_batches_equal_reference(synthetic_engine, params):
-    """Real QASC batches (pooled, window, no-merge ablation, snap, budget): assembly == the loop twin."""
+    """Real QASC batches (the default, the context preset's sentences, blocks under a small cap, a budget):
+    assembly == the loop twin."""
     eng = synthetic_engine
     batch, cand = eng.run_batch(_queries(eng, 40), params, RetrievalConfig(depth=8, neighbourhood=3))
     rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
@@ -146,8 +146,8 @@ def test_chunk_sentences_spans_and_seeds():
     while len(doc) < 2:
         doc = _docs(rng, 1)[0]
     emb = torch.nn.functional.normalize(torch.randn(len(doc), 16, generator=torch.Generator().manual_seed(0)), dim=1)
-    for extent in ("pooled", "window"):
-        config = EngineConfig(qasc=QascParams(extent=extent, top_k=None, score_margin=None, focus_gap=None))
+    for max_extent in (1, 2):
+        config = EngineConfig(qasc=QascParams(max_extent=max_extent, top_k=None, score_margin=None, focus_gap=None))
         results = chunk_sentences(doc, emb, emb[:2] + 0.1, config)
         assert len(results) == 2 and all(results)
         for chunks in results:

@@ -57,10 +57,10 @@ def test_a_hit_brings_its_whole_section(engine):
     symptoms = _section_rows(engine, "symptom")
     assert len(symptoms) == 11  # the heading line and 10 sentences
     hit = symptoms[4]
-    assert _candidates(engine, hit, extent="pooled", block_extents="section") == symptoms
+    assert _candidates(engine, hit, block_extents="section") == symptoms
     # without block extents, or when the section is over the token cap, only the neighbourhood (here the hit)
-    assert _candidates(engine, hit, extent="pooled", block_extents="none") == [hit]
-    assert _candidates(engine, hit, extent="pooled", block_extents="section", max_tokens=30) == [hit]
+    assert _candidates(engine, hit, block_extents="none") == [hit]
+    assert _candidates(engine, hit, block_extents="section", max_tokens=30) == [hit]
 
 
 def test_a_section_longer_than_the_row_cap_is_not_brought(engine):
@@ -68,7 +68,7 @@ def test_a_section_longer_than_the_row_cap_is_not_brought(engine):
 
     long = _section_rows(engine, "long")
     assert len(long) > BLOCK_ROWS_MAX
-    assert _candidates(engine, long[20], extent="pooled", block_extents="section") == [long[20]]
+    assert _candidates(engine, long[20], block_extents="section") == [long[20]]
     first, last = engine.block_bounds(("section",), 512)
     treatment = _section_rows(engine, "treatment")
     assert first[treatment].tolist() == [treatment[0]] * 4 and last[treatment].tolist() == [treatment[-1]] * 4

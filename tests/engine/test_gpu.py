@@ -28,8 +28,7 @@ def _batch(q: int, length: int, seed: int):
     return synthetic_batch(q, length, seed)
 
 
-@pytest.mark.parametrize("setting", ["default", "pooled-focus", "p95-r0-top1", "r3-adaptive", "r2-snap-para",
-                                     "budget-mean"])
+@pytest.mark.parametrize("setting", ["default", "pooled-focus", "p95-sentences-top1", "context", "budget-runs"])
 @pytest.mark.parametrize("q,length", [(1, 1), (7, 64), (64, 512), (3, 4096)])
 def test_kernels_cuda_equal_cpu(setting, q, length):
     from bench.kernels import SETTINGS, run

@@ -35,7 +35,7 @@ def corpus(folder: Path, names: list[str]) -> Path:
 
 def run_cli(args: list[str], failpoint: str | None = None, kill_after_shards: int | None = None,
             store: Path | None = None) -> subprocess.CompletedProcess | int:
-    """`python -m jobs.cli ARGS` in a subprocess; SIGKILLed at a failpoint or after N finished shards."""
+    """`python -m qasc.jobs.cli ARGS` in a subprocess; SIGKILLed at a failpoint or after N finished shards."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("QASC_FAILPOINT", None)
     if failpoint:

@@ -29,7 +29,7 @@ QUESTIONS = [
     "How big a solar array do I need?",
     "Why does the crust darken?",
 ]
-PARAMS = QascParams(percentile=60, radius=2, extent="window", top_k=4, score_margin=None, focus_gap=None)
+PARAMS = QascParams(percentile=60, max_extent=3, top_k=4, score_margin=None, focus_gap=None)
 RETRIEVAL = RetrievalConfig(depth=8, neighbourhood=3)
 CHUNK_KEYS = {"doc_id", *POSITION_KEYS}
 

@@ -94,8 +94,8 @@ def plain_engine(tmp_path_factory):
 
 
 def _sentences(params: QascParams) -> QascParams:
-    return params.replace(extent="window", radius=0, adaptive=False, margin=None, block_extents="none",
-                          length_bonus=0.0, focus_gap=None, far_margin=None, top_k=3, score_margin=None)
+    return params.replace(max_extent=1, clip_to_paragraph=False, block_extents="none", length_bonus=0.0,
+                          focus_gap=None, far_margin=None, top_k=3, score_margin=None)
 
 
 @pytest.mark.slow

@@ -24,9 +24,9 @@ QUESTIONS = [
 ]
 SETTINGS = [
     QascParams(),
-    QascParams(percentile=75, radius=2, top_k=None, snap="paragraph", max_tokens=60),
-    QascParams(percentile=60, radius=3, adaptive=True, margin=0.15, clip_to_paragraph=True, top_k=3),
-    QascParams(percentile=50, radius=1, gap=2, budget_tokens=120, top_k=None, score="window_mean"),
+    QascParams(percentile=75, max_extent=3, top_k=None, block_extents="paragraph", max_tokens=60),
+    QascParams(percentile=60, max_extent=1, clip_to_paragraph=False, merge_picks=True, top_k=3),
+    QascParams(percentile=50, max_extent=2, budget_tokens=120, top_k=None, block_extents="none"),
 ]
 
 
@@ -104,7 +104,7 @@ def test_chroma_general_every_question_answered(chroma_store):
     with open(CHROMA_QUESTIONS, newline="", encoding="utf-8") as fh:
         questions = [row["question"] for row in csv.DictReader(fh)]
     assert len(questions) == 472
-    params = QascParams(top_k=3, radius=1)
+    params = QascParams(top_k=3, max_extent=3)
     results = engine.query(questions, params)
     assert len(results) == 472 and all(results)
     _check_chunks(engine, results, params)

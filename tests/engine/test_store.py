@@ -342,6 +342,47 @@ def test_a_stored_config_with_unknown_settings_opens_with_a_warning():
     assert config.qasc.percentile == 80.0 and config.retrieval == EngineConfig().retrieval
 
 
+# the `qasc` section of a store's manifest as the release before the grouped parameters wrote it (its defaults)
+PREVIOUS_RELEASE_QASC = {
+    "percentile": 90.0, "min_seeds": 1, "max_seeds": None, "radius": 3, "adaptive": True, "threshold": None,
+    "margin": 0.1, "clip_to_paragraph": True, "extent": "pooled", "max_extent": 2, "extent_penalty": 0.0,
+    "max_picks": 10, "decay": 0.3, "factor": 0.6, "merge": True, "gap": 0, "snap": "none", "max_tokens": 512,
+    "score": "window_max", "top_k": 10, "budget_tokens": None, "score_margin": 0.1, "focus_gap": 6,
+    "far_margin": 0.05, "block_extents": "section", "length_bonus": 0.02, "context_weight": 12.0,
+    "heading_residual": 0.75, "lexical_weight": 0.8, "budget_fill": True, "fill_diversity": 0.02}
+
+
+def test_a_store_frozen_by_the_previous_release_opens_answers_and_refreezes(small_store, tmp_path, tiny_model):
+    """Issue 43, item 4: a store whose manifest holds the settings since removed (the window extents, max_seeds,
+    extent_penalty, snap, max_picks) opens and answers with its other settings, with one warning naming them;
+    an append (ingest into it again) freezes this version's settings, and the warning is gone."""
+    import shutil
+    import warnings
+
+    from qasc.engine.config import EmbedderConfig, EngineConfig
+    from qasc.engine.query import Engine
+
+    root = tmp_path / "store"
+    shutil.copytree(small_store, root)
+    fresh = Engine.open(str(root), device="cpu").query(["What is the capital?"])
+    m = json.loads((root / "manifest.json").read_text())
+    m["config"]["qasc"] = dict(PREVIOUS_RELEASE_QASC)
+    (root / "manifest.json").write_text(json.dumps(m))
+    with pytest.warns(UserWarning) as caught:
+        old = Engine.open(str(root), device="cpu")
+    removed = [str(w.message) for w in caught if "were removed" in str(w.message)]
+    assert len(removed) == 1 and "'radius'" in removed[0] and "'max_picks'" in removed[0], removed
+    assert not [w for w in caught if "unknown to this qasc version" in str(w.message)]
+    assert old.config.qasc == EngineConfig().qasc  # every setting it still has held the defaults
+    assert old.query(["What is the capital?"]) == fresh
+    ingest([str(write_corpus(tmp_path / "more", {"extra": "# Extra\n\nOne more document."}))], root,
+           EngineConfig(embedder=EmbedderConfig(model=tiny_model)))
+    assert set(json.loads((root / "manifest.json").read_text())["config"]["qasc"]) == set(EngineConfig().qasc.to_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Engine.open(str(root), device="cpu")
+
+
 def test_a_stored_config_with_unknown_splitter_settings_is_refused():
     """Unknown splitter/embedder settings describe how the stored text was cut and embedded: refused, not guessed."""
     from qasc.engine.config import EngineConfig

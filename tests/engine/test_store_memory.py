@@ -205,7 +205,7 @@ def test_float16_engine_answers_like_float32(monkeypatch):
     # queries: noisy copies of stored rows, so the top hits are clear
     g = torch.Generator().manual_seed(7)
     q = torch.nn.functional.normalize(e32.embeddings[::97][:24] + 0.3 * torch.randn(24, 64, generator=g) / 8, dim=1)
-    for params in (QascParams(), QascParams(extent="window", top_k=3)):
+    for params in (QascParams(), QascParams(max_extent=1, merge_picks=True, top_k=3)):
         r32, r16 = e32.query_embedded(q, params), e16.query_embedded(q, params)
         assert spans(r16) == spans(r32) and any(r32)
         for a, b in zip(r32, r16, strict=True):

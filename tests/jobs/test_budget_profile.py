@@ -32,7 +32,7 @@ def test_the_profile_replaces_its_knobs_only_with_a_budget():
     assert params.budget_tokens == 400 and params.top_k == 5 and params.fill_diversity == 0.0
 
 
-@pytest.mark.parametrize("given", [{"percentile"}, {"depth"}, {"extent", "top_k"}])
+@pytest.mark.parametrize("given", [{"percentile"}, {"depth"}, {"max_extent", "top_k"}])
 def test_a_profile_knob_given_keeps_the_setting(given):
     budget = SHIPPED.replace(budget_tokens=400)
     assert budget_setting(budget, SHIPPED_RETRIEVAL, frozenset(given)) == (budget, SHIPPED_RETRIEVAL, False)
@@ -50,7 +50,7 @@ def test_a_store_frozen_with_another_setting_keeps_it(stored):
 def test_the_profile_is_a_setting_of_the_suites_grid():
     """The suite can choose it (and reports whether it did: jobs.eval.suite.is_budget_profile)."""
     matches = [s.key() for s in Q.qasc_grid() if is_budget_profile(s)]
-    assert matches == ["p95 m0 min=16 lex=0.8 depth16 nb8"]
+    assert matches == ["p95 runs1 min=16 merge=T lex=0.8 depth16 nb8"]
     assert not any(is_budget_profile(s) for s in Q.qasc_grid(quick=True))
 
 

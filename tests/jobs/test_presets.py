@@ -15,8 +15,8 @@ import pytest
 from qasc.engine import presets
 from qasc.engine.config import RetrievalConfig, budget_setting
 from qasc.engine.errors import QascError
-from qasc.jobs.params_cli import ADVANCED_TITLE, MAIN_FIELDS, setting_from_args
-from qasc.kernels.params import QascParams
+from qasc.jobs.params_cli import ADVANCED_TITLE, MAIN_FIELDS, REMOVED_FLAGS, setting_from_args
+from qasc.kernels.params import FIELD_NAMES, QascParams
 
 SHIPPED, SHIPPED_RETRIEVAL = QascParams(), RetrievalConfig()
 QUERY_DOC = Path(__file__).resolve().parents[2] / "docs" / "query.md"  # the "Query flags" tables (README links it)
@@ -71,8 +71,8 @@ def test_describe_says_which_preset_and_what_differs():
         "preset context (budget 400 tokens; --preset answers for precise spans)"
     assert presets.describe("answers", SHIPPED.replace(percentile=80.0, budget_tokens=30), SHIPPED_RETRIEVAL) == \
         "preset answers with --percentile 80.0 (budget 30 tokens; --preset context for recall within a token budget)"
-    assert presets.describe(None, SHIPPED.replace(adaptive=False), RetrievalConfig(depth=4)) == (
-        "the store's own setting (differs from preset answers in --no-adaptive --depth 4; no token budget; "
+    assert presets.describe(None, SHIPPED.replace(merge_picks=True), RetrievalConfig(depth=4)) == (
+        "the store's own setting (differs from preset answers in --merge-picks --depth 4; no token budget; "
         "--preset answers for precise spans; --preset context for recall within a token budget)")
 
 
@@ -113,13 +113,12 @@ def test_cli_preset_then_flags(argv, base, want):
         assert presets.matching(params, retrieval, frozenset(given)) == name
 
 
-def test_cli_refuses_a_contradiction_and_a_context_the_store_cannot_take():
+def test_cli_refuses_a_contradiction_and_a_removed_setting():
     with pytest.raises(QascError, match="--no-budget-profile .* contradicts --preset context"):
         _cli_setting(["--no-budget-profile", "--preset", "context"])
-    with pytest.raises(QascError, match="min_seeds"):
-        _cli_setting(["--budget-tokens", "300"], SHIPPED.replace(max_seeds=4))
-    params, _, name = _cli_setting(["--preset", "context", "--max-seeds", "none"], SHIPPED.replace(max_seeds=4))
-    assert (name, params.min_seeds, params.max_seeds) == ("context", 16, None)  # flags fix what the preset needs
+    for argv in (["--radius", "3"], ["-m", "0"], ["--no-adaptive"], ["--extent", "window"], ["--max-seeds", "4"]):
+        with pytest.raises(QascError, match=f"{argv[0]} was removed"):
+            _cli_setting(argv)
 
 
 def _groups(parser: argparse.ArgumentParser) -> dict[str, list[argparse.Action]]:
@@ -141,11 +140,12 @@ def test_help_main_group_is_short_and_every_field_has_a_flag():
     assert {"--store", "--queries", "--question", "--out", "--preset", "--top-k", "--budget-tokens",
             "--device"} <= _long_flags(main)
     dests = {a.dest for a in parser._actions}
-    assert {f.name for f in (*fields(QascParams), *fields(RetrievalConfig))} <= dests
-    assert {a.dest for a in main} & {f.name for f in fields(QascParams)} == set(MAIN_FIELDS)
-    # the deprecated flags are accepted, hidden, and the --preset help names the alias
+    assert {*FIELD_NAMES, *(f.name for f in fields(RetrievalConfig))} <= dests
+    assert {a.dest for a in main} & set(FIELD_NAMES) == set(MAIN_FIELDS)
+    # the deprecated flags are accepted, hidden, and the --preset help names the alias; the removed settings'
+    # flags are hidden too (they stop with one line: test_cli_refuses_a_contradiction_and_a_removed_setting)
     hidden = [a for a in parser._actions if a.help == argparse.SUPPRESS]
-    assert {s for a in hidden for s in a.option_strings} == {"--budget-profile", "--no-budget-profile"}
+    assert {s for a in hidden for s in a.option_strings} == {"--budget-profile", "--no-budget-profile"} | REMOVED_FLAGS
     preset_help = next(a.help for a in parser._actions if a.dest == "preset")
     assert "--no-budget-profile is a deprecated alias of --preset answers" in preset_help
 

@@ -29,13 +29,13 @@ def test_cli_query_jsonl_and_parquet(demo_store, tmp_path, capsys):
             w.writerow([f"q{i}", q, "ignored"])
     out = tmp_path / "r.jsonl"
     assert main(["query", "--store", str(demo_store), "--queries", str(queries), "--out", str(out),
-                 "--top-k", "2", "--radius", "1"]) == 0
+                 "--top-k", "2", "--max-extent", "3"]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert {r["query_id"] for r in rows} <= {f"q{i}" for i in range(len(QUESTIONS))}
     assert all(r["rank"] < 2 for r in rows)
     out_pq = tmp_path / "r.parquet"
     assert main(["query", "--store", str(demo_store), "--queries", str(queries), "--out", str(out_pq),
-                 "--top-k", "2", "--radius", "1"]) == 0
+                 "--top-k", "2", "--max-extent", "3"]) == 0
     table = pq.read_table(out_pq).to_pylist()
     assert [(r["query_id"], r["char_start"], r["char_end"]) for r in table] == [
         (r["query_id"], r["char_start"], r["char_end"]) for r in rows
@@ -48,12 +48,15 @@ def test_cli_query_jsonl_and_parquet(demo_store, tmp_path, capsys):
     "argv, message",
     [
         (["--percentile", "120"], "percentile"),
-        (["--radius", "-1"], "radius"),
+        (["--max-extent", "0"], "max_extent"),
+        (["--radius", "1"], "--radius was removed (the window extents"),
+        (["-m", "1"], "-m was removed"),
+        (["--no-merge"], "--no-merge was removed"),
         (["--depth", "0"], "depth"),
         (["--question", "   "], "empty"),
         (["--out", "answers.csv"], ".jsonl or .parquet"),
         (["--score-margin", "nan"], "score_margin must be a finite number, got nan"),
-        (["--decay", "inf"], "decay must be a finite number, got inf"),
+        (["--length-bonus", "inf"], "length_bonus must be a finite number, got inf"),
         (["--max-extent", "1000000000"], "max_extent must be in [1, 64], got 1000000000"),
         (["--neighbourhood", "1000000000"], "neighbourhood must be in [0, 1000], got 1000000000"),
         (["--device", "tpu"], "--device: unknown device 'tpu'; use auto, cpu, cuda or cuda:N"),
@@ -65,7 +68,7 @@ def test_cli_query_jsonl_and_parquet(demo_store, tmp_path, capsys):
         (["--max-codes", "5", "--ray"], "--max-codes applies to the local path only"),
         (["--ivf-source", "vectors"], "--ivf-source applies to ivf stores;"),
         (["--ivf-source", "codes", "--ray"], "--ivf-source applies to the local path only"),
-        (["--min-seeds", "5", "--max-seeds", "2"], "min_seeds (5) must be <= max_seeds (2)"),
+        (["--min-seeds", "-1"], "min_seeds must be >= 0, got -1"),
         (["--workers", "0"], "--workers must be >= 1, got 0"),
     ],
 )
@@ -120,7 +123,7 @@ def test_ray_query_job_equals_local(demo_store, ray_session):
     from qasc.jobs.query_ray import run_query_job
     from qasc.jobs.results import result_rows, results_schema
 
-    params, retrieval = QascParams(top_k=2, radius=1), RetrievalConfig(depth=6, neighbourhood=2)
+    params, retrieval = QascParams(top_k=2, max_extent=3), RetrievalConfig(depth=6, neighbourhood=2)
     ids = [f"q{i}" for i in range(len(QUESTIONS))]
     local = result_rows(ids, Engine.open(str(demo_store), device="cpu").query(QUESTIONS, params, retrieval))
     batches = list(run_query_job(str(demo_store), ids, QUESTIONS, params, retrieval, workers=2, device="cpu",

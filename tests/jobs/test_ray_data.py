@@ -25,7 +25,7 @@ from tests.engine.test_query import QUESTIONS
 pytestmark = pytest.mark.slow
 
 IDS = [f"q{i}" for i in range(len(QUESTIONS))]
-OVERRIDES = {"top_k": 2, "radius": 1, "depth": 6, "neighbourhood": 2}
+OVERRIDES = {"top_k": 2, "max_extent": 3, "depth": 6, "neighbourhood": 2}
 
 
 def cli_flags(overrides: dict) -> list[str]:
@@ -87,7 +87,7 @@ def test_batch_formats_ids_and_bad_batches(demo_store, cli_rows):
     pd = pytest.importorskip("pandas")
     from qasc.jobs.ray_data import QascQuery
 
-    stage = QascQuery(str(demo_store), device="cpu", params={"top_k": 2, "radius": 1}, retrieval={"depth": 6},
+    stage = QascQuery(str(demo_store), device="cpu", params={"top_k": 2, "max_extent": 3}, retrieval={"depth": 6},
                       neighbourhood=2)
     assert stage.params.top_k == 2 and stage.retrieval.neighbourhood == 2
     for batch in ({"id": np.array(IDS), "question": np.array(QUESTIONS, dtype=object)},  # batch_format numpy
