@@ -79,15 +79,13 @@ def _known(kind: type, data: dict, section: str) -> dict:
         raise QascError(f"stored config: {section} settings {unknown} are unknown to this qasc version (the store was "
                         f"written by another version); open it with that version")
     removed = sorted(k for k in unknown if k in REMOVED_FIELDS) if kind is QascParams else []
-    if removed:
-        warnings.warn(f"stored config: qasc settings {removed} were removed in this qasc version (the window "
-                      "extents and unused knobs) and are ignored: the store answers with its other settings. `qasc "
-                      "query --preset answers` or `--preset context` answers with this version's settings; an append "
-                      "(`qasc ingest` into the store again) freezes them", stacklevel=3)
     unknown = [k for k in unknown if k not in removed]
-    if unknown:
-        warnings.warn(f"stored config: {section} settings {unknown} are unknown to this qasc version (written by "
-                      f"another version?); ignored", stacklevel=3)
+    said = ([f"{removed} were removed in this qasc version (the window extents and unused knobs)"] if removed else []) \
+        + ([f"{unknown} are unknown to this qasc version (written by another version?)"] if unknown else [])
+    if said:  # one warning, from one line: Python shows it once a process, however often a store is opened
+        warnings.warn(f"stored config: {section} settings {'; '.join(said)}: ignored, the store answers with its other "
+                      "settings. `qasc query --preset answers` or `--preset context` answers with this version's "
+                      "settings; an append (`qasc ingest` into the store again) freezes them", stacklevel=1)
     return {k: v for k, v in values.items() if k in names}
 
 

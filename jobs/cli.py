@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
+from functools import partial
 
 from qasc.jobs.env import set_env_defaults
 
@@ -33,12 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(command: str, message, category, filename, lineno, line=None) -> str:
+    """A warning at the command line: `qasc CMD: warning: ...`, one line, without the source line it came from."""
+    return f"qasc {command}: warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     set_env_defaults()
     from qasc.engine.errors import QascError
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    warnings.formatwarning = partial(_one_line_warning, args.command)
     try:
         return int(args._run(args) or 0)
     except QascError as exc:
