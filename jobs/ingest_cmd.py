@@ -8,7 +8,7 @@ from dataclasses import asdict
 from engine.errors import QascError
 from engine.store.index import AUTO_FLAT_MAX, KINDS
 from engine.store.ingest import DEFAULT_SHARD_CHARS, DEFAULT_UNIT_BYTES
-from engine.store.inputs import ENCODING_ERRORS
+from engine.store.records import ENCODING_ERRORS
 from engine.store.schema import STORE_DTYPES
 from jobs.devices import add_device_argument
 

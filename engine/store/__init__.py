@@ -2,7 +2,8 @@
 
     schema    file names, Arrow schemas, the embedding column <-> numpy
     files     atomic writes, digests, the writer's lock, Parquet reads, test failpoints
-    inputs    discover inputs, plan read units from their sizes, read and validate a unit
+    inputs    discover inputs, plan read units from their sizes, read a unit
+    records   one record -> a Document: decoding, id and text fields, validation; in-memory tables and records
     stages    read -> cut -> split -> embed -> write of a unit's shards; the in-process runner
     manifest  the committed manifest and the _staging area of a running ingest
     index     FAISS index: kinds, build, load, search; blocked exact torch top-k, recall@depth
@@ -22,10 +23,11 @@ from engine.store.ingest import (
     ingest_table,
     summary_line,
 )
-from engine.store.inputs import Document, InputUnit, ReadOptions, Segment
+from engine.store.inputs import InputUnit, Segment
 from engine.store.manifest import existing_manifest, read_manifest
 from engine.store.progress import IngestProgress
 from engine.store.reader import Store
+from engine.store.records import Document, ReadOptions
 from engine.store.schema import DOCUMENTS_SCHEMA, SENTENCE_COLUMNS, sentences_schema
 from engine.store.stages import IngestContext, LocalRunner, ShardRunner
 from engine.store.verify import verify_store

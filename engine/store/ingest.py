@@ -35,7 +35,7 @@ from engine.store.files import (
     locked,
     read_table,
 )
-from engine.store.inputs import InputUnit, ReadOptions, pack_units, plan_files, plan_memory
+from engine.store.inputs import InputUnit, pack_units, plan_files, plan_memory
 from engine.store.manifest import (
     DocIdSet,
     Staging,
@@ -51,6 +51,7 @@ from engine.store.manifest import (
     store_doc_ids,
 )
 from engine.store.progress import IngestProgress, log_stderr
+from engine.store.records import ReadOptions
 from engine.store.schema import MANIFEST, STORE_DTYPES
 from engine.store.stages import IngestContext, LocalRunner, ShardRunner
 from engine.tokencap import DEFAULT_MAX_SENTENCE_TOKENS, load_tokenizer

@@ -30,8 +30,9 @@ from engine.splitter import SplitterConfig, heading_paths, split_sentences
 from engine.store import index_child
 from engine.store.files import ResumableError, atomic_parquet, file_digest
 from engine.store.index import build_index_file
-from engine.store.inputs import Document, InputUnit, ReadOptions, read_unit
+from engine.store.inputs import InputUnit, read_unit
 from engine.store.lexical import PASSAGES, ROWS, passage_texts, row_texts, terms_table
+from engine.store.records import Document, ReadOptions
 from engine.store.schema import (
     DOCUMENT_ROW_GROUP,
     DOCUMENTS_SCHEMA,
