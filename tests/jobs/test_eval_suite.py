@@ -105,4 +105,6 @@ def test_eval_cli_runs_the_suite_on_two_tiny_sets(tmp_path):
     assert set(res["heldout"]) == {"fixed-64", "sentences", "qasc", "fixed-64 + same context",
                                    "sentences + same context"}  # baselines also ranked with QASC's context
     assert all(set(e["sets"]) == {"set_a", "set_b"} for e in res["heldout"].values())
-    assert len(CORPORA) == 3
+    # every corpus and question of both sets was read (set_b lacks one corpus and its questions)
+    assert {n: (s["corpora"], s["questions"]) for n, s in res["sets"].items()} == {
+        "set_a": (len(CORPORA), 6), "set_b": (len(CORPORA) - 1, 4)}
