@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from engine.errors import QascError, first_line
-from engine.store.records import (
+from qasc.engine.errors import QascError, first_line
+from qasc.engine.store.records import (
     Document,
     ReadOptions,
     check_doc_id,

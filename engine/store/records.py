@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.errors import QascError, first_line
+from qasc.engine.errors import QascError, first_line
 
 ENCODING_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
 BINARY_SNIFF = 8192  # bytes inspected for NUL

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.env import ENV_DEFAULTS, OPENMP_SPIN_COUNT, set_env_defaults
+from qasc.jobs.env import ENV_DEFAULTS, OPENMP_SPIN_COUNT, set_env_defaults
 from tests.conftest import REPO
 
 

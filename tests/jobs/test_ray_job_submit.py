@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jobs.cli import main
+from qasc.jobs.cli import main
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -113,7 +113,7 @@ def test_ray_job_submit_query_equals_local(cluster, demo_store, tmp_path):
     runtime_env = {"env_vars": {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                                 "RAY_USAGE_STATS_ENABLED": "0"}}
     submit = [str(RAY), "job", "submit", "--address", cluster, "--runtime-env-json", json.dumps(runtime_env), "--",
-              sys.executable, "-m", "jobs.cli", *args, "--ray", "--workers", "1", "--out", str(remote)]
+              sys.executable, "-m", "qasc.jobs.cli", *args, "--ray", "--workers", "1", "--out", str(remote)]
     job = subprocess.run(submit, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
     logs = (job.stdout + job.stderr)[-4000:]
     assert job.returncode == 0 and "succeeded" in logs, logs
