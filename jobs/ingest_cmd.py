@@ -8,7 +8,7 @@ from dataclasses import asdict
 from qasc.engine.errors import QascError
 from qasc.engine.store.index import AUTO_FLAT_MAX, KINDS
 from qasc.engine.store.ingest import DEFAULT_SHARD_CHARS, DEFAULT_UNIT_BYTES
-from qasc.engine.store.inputs import ENCODING_ERRORS
+from qasc.engine.store.records import ENCODING_ERRORS
 from qasc.engine.store.schema import STORE_DTYPES
 from qasc.jobs.devices import add_device_argument
 

@@ -54,14 +54,17 @@ def demo_store(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def chroma_store(tmp_path_factory) -> Path:
-    """chroma_general ingested locally (about a minute on 2 cores); skipped without ../shared."""
+def chroma_store(tmp_path_factory, tiny_model) -> Path:
+    """chroma_general (1.4 MB, five documents) ingested locally with the tiny model: its real sentences, headings
+    and token counts in seconds (the real model takes minutes on 2 cores; it runs on chroma_general in
+    tests/jobs/test_eval_slow.py); skipped without ../shared."""
     if not (CHROMA / "corpora").is_dir():
         pytest.skip(f"chroma_general not found at {CHROMA}")
+    from qasc.engine.config import EmbedderConfig, EngineConfig
     from qasc.engine.store import ingest
 
     path = tmp_path_factory.mktemp("chroma") / "store"
-    ingest([str(CHROMA / "corpora")], str(path))
+    ingest([str(CHROMA / "corpora")], str(path), EngineConfig(embedder=EmbedderConfig(model=tiny_model)))
     return path
 
 

@@ -2,7 +2,8 @@
 
     schema    file names, Arrow schemas, the embedding column <-> numpy
     files     atomic writes, digests, the writer's lock, Parquet reads, test failpoints
-    inputs    discover inputs, plan read units from their sizes, read and validate a unit
+    inputs    discover inputs, plan read units from their sizes, read a unit
+    records   one record -> a Document: decoding, id and text fields, validation; in-memory tables and records
     stages    read -> cut -> split -> embed -> write of a unit's shards; the in-process runner
     manifest  the committed manifest and the _staging area of a running ingest
     index     FAISS index: kinds, build, load, search; blocked exact torch top-k, recall@depth
@@ -22,10 +23,11 @@ from qasc.engine.store.ingest import (
     ingest_table,
     summary_line,
 )
-from qasc.engine.store.inputs import Document, InputUnit, ReadOptions, Segment
+from qasc.engine.store.inputs import InputUnit, Segment
 from qasc.engine.store.manifest import existing_manifest, read_manifest
 from qasc.engine.store.progress import IngestProgress
 from qasc.engine.store.reader import Store
+from qasc.engine.store.records import Document, ReadOptions
 from qasc.engine.store.schema import DOCUMENTS_SCHEMA, SENTENCE_COLUMNS, sentences_schema
 from qasc.engine.store.stages import IngestContext, LocalRunner, ShardRunner
 from qasc.engine.store.verify import verify_store

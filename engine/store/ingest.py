@@ -35,7 +35,7 @@ from qasc.engine.store.files import (
     locked,
     read_table,
 )
-from qasc.engine.store.inputs import InputUnit, ReadOptions, pack_units, plan_files, plan_memory
+from qasc.engine.store.inputs import InputUnit, pack_units, plan_files, plan_memory
 from qasc.engine.store.manifest import (
     DocIdSet,
     Staging,
@@ -51,6 +51,7 @@ from qasc.engine.store.manifest import (
     store_doc_ids,
 )
 from qasc.engine.store.progress import IngestProgress, log_stderr
+from qasc.engine.store.records import ReadOptions
 from qasc.engine.store.schema import MANIFEST, STORE_DTYPES
 from qasc.engine.store.stages import IngestContext, LocalRunner, ShardRunner
 from qasc.engine.tokencap import DEFAULT_MAX_SENTENCE_TOKENS, load_tokenizer

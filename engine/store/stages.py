@@ -30,8 +30,9 @@ from qasc.engine.splitter import SplitterConfig, heading_paths, split_sentences
 from qasc.engine.store import index_child
 from qasc.engine.store.files import ResumableError, atomic_parquet, file_digest
 from qasc.engine.store.index import build_index_file
-from qasc.engine.store.inputs import Document, InputUnit, ReadOptions, read_unit
+from qasc.engine.store.inputs import InputUnit, read_unit
 from qasc.engine.store.lexical import PASSAGES, ROWS, passage_texts, row_texts, terms_table
+from qasc.engine.store.records import Document, ReadOptions
 from qasc.engine.store.schema import (
     DOCUMENT_ROW_GROUP,
     DOCUMENTS_SCHEMA,

@@ -177,13 +177,9 @@ def test_ten_megabyte_line_without_breaks(tmp_path, tiny_model, hash_embedder):
 
 
 @pytest.mark.slow
-def test_chroma_general_one_document_per_file_exact_offsets(tmp_path, tiny_model, hash_embedder):
-    corpora = CHROMA / "corpora"
-    if not corpora.is_dir():
-        pytest.skip(f"chroma_general not found at {CHROMA}")
-    ingest([str(corpora)], tmp_path / "s", tiny(tiny_model), embedder=hash_embedder)
-    store = Store.open(tmp_path / "s")
-    files = sorted(corpora.glob("*.md"))
+def test_chroma_general_one_document_per_file_exact_offsets(chroma_store):
+    store = Store.open(chroma_store)  # the session's chroma_general store (tests/conftest.py)
+    files = sorted((CHROMA / "corpora").glob("*.md"))
     assert store.doc_ids == [f.stem for f in files]
     assert [d.text for d in store.docs] == [f.read_text(encoding="utf-8") for f in files]
     check_offsets(store)  # every sentence of every document

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,8 +17,8 @@ from qasc.engine.config import EmbedderConfig, EngineConfig
 from qasc.engine.errors import QascError
 from qasc.engine.store import IngestConfig, ResumableError, Store, ingest, ingest_table, verify_store
 from qasc.engine.store.schema import MANIFEST
-from tests.conftest import DEMO_CORPUS, REPO
-from tests.engine.test_integrations import README_MARK, readme_examples
+from tests.conftest import DEMO_CORPUS
+from tests.engine.test_integrations import run_readme_example
 
 pytestmark = pytest.mark.slow
 
@@ -176,23 +173,6 @@ def test_query_results_as_arrow_table(demo_store):
     assert to_table([]).num_rows == 0
     with pytest.raises(QascError, match="1 query ids for 2 results"):
         to_table(results, ids=["a"])
-
-
-def run_readme_example(name: str, tmp_path: Path, tmpdir: Path | None = None) -> str:
-    """Runs the `<!-- readme-test: NAME -->` block of README.md or docs/*.md as a user would (repository root,
-    this checkout's packages first, no Ray address inherited from this session, temporary files under tmpdir or
-    tmp_path) -> its stdout."""
-    examples = readme_examples()
-    assert name in examples, f"README.md and docs/*.md have no example marked {README_MARK}{name} -->"
-    script = tmp_path / f"readme_{name}.py"
-    script.write_text(examples[name], encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(TMPDIR=str(tmpdir or tmp_path), PYTHONPATH=str(REPO))
-    out = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=600,
-                         env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip(), "the example printed nothing"
-    return out.stdout
 
 
 @pytest.mark.timeout(600)

