@@ -5,7 +5,8 @@ the row's heading path; the gate (kernels.context.heading_gate) over the distinc
 CONTEXT_POOL rows by cosine gives spread and cref. The `depth` hits are the best rows by the scoring model
 (kernels.signals: plain + boost) among that pool and the rows of the CONTEXT_PATHS best-matching paths, the lexical
 term on each query's LEXICAL_RERANK_ROWS best of them by the other signals (BM25 over all of them, up to
-CONTEXT_PATHS x CONTEXT_PATH_ROWS a query, halved the query rate for the same held-out F1: bench/RESULTS.md).
+CONTEXT_PATHS x CONTEXT_PATH_ROWS a query, was a large part of the term's cost; the same held-out F1: bench/LOG.md,
+"The scoring model's cost on the query path").
 """
 
 from __future__ import annotations
