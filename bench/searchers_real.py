@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     import faiss
     from faiss.contrib.big_batch_search import big_batch_search
 
-    from kernels.ivf_scan import ivf_vectors_topk
+    from qasc.kernels.ivf_scan import ivf_vectors_topk
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nlist", type=int, default=256)

@@ -25,16 +25,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from engine.config import EngineConfig
-from engine.cpu import cpu_has_int8_dot
-from engine.errors import QascError, first_line
-from engine.lexical import TermCounts
-from engine.passages import Passages
-from engine.store import index as faiss_index
-from engine.store import lexical as saved_terms
-from engine.store.files import read_row_count, read_table
-from engine.store.manifest import check_sizes, read_manifest
-from engine.store.schema import (
+from qasc.engine.config import EngineConfig
+from qasc.engine.cpu import cpu_has_int8_dot
+from qasc.engine.errors import QascError, first_line
+from qasc.engine.lexical import TermCounts
+from qasc.engine.passages import Passages
+from qasc.engine.store import index as faiss_index
+from qasc.engine.store import lexical as saved_terms
+from qasc.engine.store.files import read_row_count, read_table
+from qasc.engine.store.manifest import check_sizes, read_manifest
+from qasc.engine.store.schema import (
     DOCUMENTS_SCHEMA,
     STORE_DTYPES,
     embeddings_of,
@@ -42,8 +42,8 @@ from engine.store.schema import (
     passages_schema,
     sentences_schema,
 )
-from engine.types import Headings, Sentences
-from kernels.ivf_scan import ivf_sq8_topk, ivf_vectors_topk
+from qasc.engine.types import Headings, Sentences
+from qasc.kernels.ivf_scan import ivf_sq8_topk, ivf_vectors_topk
 
 # how an 8-bit ivf index is searched: "torch" (kernels.ivf_scan), "faiss" (IndexIVF.search), or "auto": the torch
 # scan where the lists hold IVF_SCAN_MIN_LIST_ROWS rows or more on average (its per-list work is then amortised:

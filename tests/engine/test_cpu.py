@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import cpu
+from qasc.engine import cpu
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_flags_are_whole_words(fake_cpuinfo):
 def test_store_scans_in_int8_only_where_the_cpu_has_int8_dot(fake_cpuinfo, monkeypatch, tmp_path):
     import numpy as np
 
-    from engine.store import reader
+    from qasc.engine.store import reader
 
     for text, expected in ((AVX2, False), (VNNI_BF16, True)):
         fake_cpuinfo(text)

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from engine.cpu import cpu_has_int8_dot
-from engine.errors import QascError
-from engine.store import (
+from qasc.engine.cpu import cpu_has_int8_dot
+from qasc.engine.errors import QascError
+from qasc.engine.store import (
     DOCUMENTS_SCHEMA,
     IngestConfig,
     Store,
@@ -22,8 +22,8 @@ from engine.store import (
     sentences_schema,
     verify_store,
 )
-from engine.store import index as faiss_index
-from engine.store.files import ResumableError
+from qasc.engine.store import index as faiss_index
+from qasc.engine.store.files import ResumableError
 
 DOCS = {
     "alpha": "# Alpha\n\nThe first document has two paragraphs. It talks about lighthouses and lenses.\n\n"
@@ -148,7 +148,7 @@ def test_choose_kind():
 
 @pytest.fixture(scope="module")
 def small_store(tmp_path_factory, tiny_model) -> Path:
-    from engine.config import EmbedderConfig, EngineConfig
+    from qasc.engine.config import EmbedderConfig, EngineConfig
 
     tmp = tmp_path_factory.mktemp("small")
     path = tmp / "store"
@@ -159,7 +159,7 @@ def small_store(tmp_path_factory, tiny_model) -> Path:
 
 @pytest.mark.slow
 def test_round_trip_exact_offsets_and_schemas(small_store, tiny_model):
-    from engine.tokencap import count_tokens, load_tokenizer
+    from qasc.engine.tokencap import count_tokens, load_tokenizer
 
     store = Store.open(small_store)
     assert store.doc_ids == sorted(DOCS) and [d.text for d in store.docs] == [DOCS[k] for k in sorted(DOCS)]
@@ -198,7 +198,7 @@ def test_round_trip_exact_offsets_and_schemas(small_store, tiny_model):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ivf", "hnsw"])
 def test_index_flag_and_float16(tmp_path, tiny_model, kind, monkeypatch):
-    from engine.config import EmbedderConfig, EngineConfig
+    from qasc.engine.config import EmbedderConfig, EngineConfig
 
     config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
     corpus = write_corpus(tmp_path / "corpus")
@@ -214,7 +214,7 @@ def test_index_flag_and_float16(tmp_path, tiny_model, kind, monkeypatch):
     assert all(ok for _, ok, _ in verify_store(tmp_path / "s"))
     if kind == "ivf":  # the 8-bit lists searched by the torch scan give FAISS's own hits
         assert store.ivf_search == "auto" and store.ivf_scan() is None  # lists this short: FAISS's own search
-        from engine.store import reader
+        from qasc.engine.store import reader
 
         monkeypatch.setattr(reader, "IVF_SCAN_MIN_LIST_ROWS", 1)  # "auto" scans once the lists are long enough
         assert store.ivf_scan() == "vectors"  # the store's own vectors, the index's lists as rows (the default)
@@ -286,8 +286,8 @@ def test_open_errors(tmp_path):
 def test_index_built_in_a_child_process_is_the_same(tmp_path, tiny_model, monkeypatch):
     """From INDEX_CHILD_MIN_ROWS rows on, the local ingest builds its index in a child process: the same index
     file bytes as in process, the child's peak RSS reported, and a child that dies leaves a resumable store."""
-    from engine.config import EmbedderConfig, EngineConfig
-    from engine.store import index_child
+    from qasc.engine.config import EmbedderConfig, EngineConfig
+    from qasc.engine.store import index_child
 
     config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
     corpus = write_corpus(tmp_path / "corpus")
@@ -315,7 +315,7 @@ def test_index_built_in_a_child_process_is_the_same(tmp_path, tiny_model, monkey
 
 def test_index_child_reports_errors_as_the_drivers(tmp_path):
     """A QascError raised in the child is raised in the driver with its message; other errors become QascError."""
-    from engine.store import index_child
+    from qasc.engine.store import index_child
 
     bad = [{"n_sentences": 3, "sentences": "missing.parquet", "dim": 4}]
     with pytest.raises(QascError, match="missing.parquet: missing store file"):
@@ -328,7 +328,7 @@ def test_index_child_reports_errors_as_the_drivers(tmp_path):
 def test_a_stored_config_with_unknown_settings_opens_with_a_warning():
     """A store written by another qasc version may carry settings this one does not know: they are left out with
     a warning, the known ones keep their stored values (a TypeError before)."""
-    from engine.config import EngineConfig
+    from qasc.engine.config import EngineConfig
 
     data = json.loads(EngineConfig().to_json())
     data["qasc"]["a_later_setting"] = 0.02
@@ -344,7 +344,7 @@ def test_a_stored_config_with_unknown_settings_opens_with_a_warning():
 
 def test_a_stored_config_with_unknown_splitter_settings_is_refused():
     """Unknown splitter/embedder settings describe how the stored text was cut and embedded: refused, not guessed."""
-    from engine.config import EngineConfig
+    from qasc.engine.config import EngineConfig
 
     data = json.loads(EngineConfig().to_json())
     data["splitter"]["clause_breaks"] = True
@@ -355,7 +355,7 @@ def test_a_stored_config_with_unknown_splitter_settings_is_refused():
 def test_parquet_vectors_are_written_without_a_dictionary(tmp_path):
     import pyarrow as pa
 
-    from engine.store.files import atomic_parquet, dictionary_columns
+    from qasc.engine.store.files import atomic_parquet, dictionary_columns
 
     values = pa.array(np.random.default_rng(0).random(600 * 8).astype(np.float16))
     table = pa.table({"doc_id": pa.array(["a", "b"] * 300), "row": pa.array(range(600), pa.int32()),

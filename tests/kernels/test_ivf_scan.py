@@ -11,8 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels.ivf_scan as scan
-import kernels.reference as ref
+import qasc.kernels.ivf_scan as scan
+import qasc.kernels.reference as ref
 
 TOL = 1e-4
 
@@ -125,7 +125,7 @@ def test_ivf_vectors_topk_equals_faiss_ivf_flat() -> None:
     the vectors give FAISS's IndexIVFFlat search, with and without a budget of codes; the rows read from a mapped
     index file (pread beside the mapping) are the ones its lists hold."""
     faiss = pytest.importorskip("faiss")
-    from engine.store import index as faiss_index
+    from qasc.engine.store import index as faiss_index
 
     rng = np.random.default_rng(1)
     data = rng.standard_normal((3000, 24)).astype(np.float32)
@@ -153,9 +153,9 @@ def test_ivf_rows_of_a_mapped_index_file(tmp_path) -> None:
     """An ivf index read mapped (IO_FLAG_MMAP_IFC) gives the same centroids and rows as one read whole; its ids are
     read from the file (the mapping located in /proc/self/maps), and a file whose lists lie is refused."""
     faiss = pytest.importorskip("faiss")
-    from engine.errors import QascError
-    from engine.store import index as faiss_index
-    from engine.store.files import file_digest
+    from qasc.engine.errors import QascError
+    from qasc.engine.store import index as faiss_index
+    from qasc.engine.store.files import file_digest
 
     rng = np.random.default_rng(2)
     data = rng.standard_normal((2000, 16)).astype(np.float32)
@@ -228,7 +228,7 @@ def test_ivf_sq8_topk_equals_faiss_search() -> None:
     """The views of a trained FAISS IVF SQ8 index (engine.store.index.sq8_lists) scored by the kernel give FAISS's
     own search results: the decoding formula and the residual to the centroid are FAISS's."""
     faiss = pytest.importorskip("faiss")
-    from engine.store import index as faiss_index
+    from qasc.engine.store import index as faiss_index
 
     rng = np.random.default_rng(0)
     data = rng.standard_normal((3000, 24)).astype(np.float32)
