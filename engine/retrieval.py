@@ -3,7 +3,10 @@
 Heading context (QascParams.context_weight > 0, stores with heading paths): c(row) = cosine of the query and
 the row's heading path; the gate (kernels.context.heading_gate) over the distinct paths of the top
 CONTEXT_POOL rows by cosine gives spread and cref. The `depth` hits are the best rows by the scoring model
-(kernels.signals: plain + boost) among that pool and the rows of the CONTEXT_PATHS best-matching paths.
+(kernels.signals: plain + boost) among that pool and the rows of the CONTEXT_PATHS best-matching paths, the lexical
+term on each query's LEXICAL_RERANK_ROWS (or depth, if more) best of them by the other signals (BM25 over all of
+them, up to CONTEXT_PATHS x CONTEXT_PATH_ROWS a query, was a large part of the term's cost; the same held-out F1:
+bench/LOG.md, "The scoring model's cost on the query path").
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ CONTEXT_POOL = 32  # heading context: the gate's pool, the top rows by raw cosin
 FILL_ROWS = 16  # budget fill: the single rows that compete with the passages (the pre-retrieval's best)
 CONTEXT_PATHS = 8  # pre-retrieval: the rows of this many best-matching heading paths join the rerank
 CONTEXT_PATH_ROWS = 512  # ... at most this many rows of each (its first, in store order)
+LEXICAL_RERANK_ROWS = 32  # the rerank's lexical term: each query's this many (at least depth) best rows by the rest
 
 
 class Retrieval(RowSignals):
@@ -75,7 +79,7 @@ class Retrieval(RowSignals):
         valid = key < n
         valid[:, 1:] &= key[:, 1:] != key[:, :-1]  # a pool row under a best path counts once
         rows = key.clamp(max=n - 1)
-        score = self.score_rows(query, rows, valid, model, gate, lexical).total
+        score = self.score_rows(query, rows, valid, model, gate, lexical, max(LEXICAL_RERANK_ROWS, depth)).total
         score = torch.where(valid, score, torch.full_like(score, float("-inf")))
         order = score.sort(dim=1, descending=True, stable=True).indices[:, :depth]
         hits = torch.where(valid.gather(1, order), rows.gather(1, order), torch.full_like(order, -1))

@@ -79,11 +79,13 @@ class RowSignals(StoreTables):
         return normalised_lexical(scores, term.best)
 
     def score_rows(self, query: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor, model: ScoringModel,
-                   gate: HeadingGate | None, lexical: LexicalTerm | None) -> RowScores:
+                   gate: HeadingGate | None, lexical: LexicalTerm | None,
+                   lexical_rows: int | None = None) -> RowScores:
         """query (Q, dim) float32, rows/valid (Q, L) -> the scoring model's (kernels.signals.row_scores) plain
         scores and heading boost of those rows: their cosines, with the gate their heading signals, with the
         lexical term their BM25 (without the terms their heading paths hold, when the gate is on; invalid entries
-        are never read)."""
+        are never read). lexical_rows: BM25 only for each query's rows that score at least its lexical_rows-th
+        best by the other signals (ties all in); the rest score as without the lexical term (None: every row)."""
         cos = self.candidate_sims(query, rows, valid)
         heading, path = {}, None
         if gate is not None:
@@ -92,5 +94,11 @@ class RowSignals(StoreTables):
                        "spread": gate.spread, "cref": gate.cref}
         lex = None
         if lexical is not None:
-            lex = self.lexical_signal(lexical, rows, valid, path)
+            scored = valid
+            if lexical_rows is not None and 0 < lexical_rows < rows.shape[1] and model.lexical > 0:
+                other = row_scores(model, cos, valid, **heading).total
+                other = torch.where(valid, other, torch.full_like(other, float("-inf")))
+                kth = other.topk(lexical_rows, dim=1).values[:, -1:]  # (Q, 1) the lexical_rows-th best
+                scored = valid & (other >= kth)
+            lex = self.lexical_signal(lexical, rows, scored, path)
         return row_scores(model, cos, valid, lex=lex, **heading)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 DENSE_LOOKUP_ELEMENTS = 1 << 26  # lexical_scores: a (Q, V) bool table of the queries' terms up to this size (64 MB)
+INT32_INDEX_LIMIT = 1 << 31  # lexical_scores: its passes over the postings index in int32 below this many entries
 
 
 def lexical_scores(
@@ -32,37 +33,66 @@ def lexical_scores(
     id < it); rows (Q, L) int64 candidate rows, valid (Q, L) bool -> (Q, L) float32: the sum of row
     rows[q, l]'s weights over the terms query q has, 0 where invalid (invalid rows are never read). paths (Q, L)
     int64 each entry's heading path (-1: none), path_ptr (H+1,) int64 and path_terms (nnz,) int64 (each path's
-    distinct terms, sorted): a term its row's path holds is left out of that row's sum (None: nothing left out)."""
+    distinct terms, sorted): a term its row's path holds is left out of that row's sum (None: nothing left out).
+
+    Each sum adds the row's matching weights in CSR order (ascending term id), one float32 addition at a time from
+    0, as the loop twin does. Cost: a few passes over the P postings of the valid entries' rows, in 32-bit
+    integers where the sizes allow (their places in row_terms and their query's row of a (Q, V) table of the
+    queries' terms, each by a cumulative sum with a jump at each entry's first posting: no per-posting entry index,
+    no sort); only the postings of query terms (K of the P) are then weighed, tested against their heading path
+    (a binary search in the paths' sorted (path, term) keys) and summed."""
     n_q, n_l = rows.shape
-    out = torch.zeros((n_q, n_l), dtype=torch.float32, device=rows.device)
+    device = rows.device
+    out = torch.zeros((n_q, n_l), dtype=torch.float32, device=device)
     if n_q == 0 or n_l == 0 or query_terms.numel() == 0:
         return out
-    qi, li = valid.nonzero(as_tuple=True)  # (E,) the valid entries
-    r = rows[qi, li]
-    start = row_ptr[r]
-    count = row_ptr[r + 1] - start  # (E,) terms of each entry's row
-    total = int(count.sum())
+    flat = valid.reshape(-1).nonzero().squeeze(1)  # (E,) the valid entries, query-major
+    r = rows.reshape(-1).index_select(0, flat)
+    start = row_ptr.index_select(0, r)
+    count = row_ptr.index_select(0, r + 1) - start  # (E,) terms of each entry's row
+    if not bool((count > 0).all()):  # entries without terms score 0 and own no posting
+        keep = (count > 0).nonzero().squeeze(1)
+        flat, start, count = flat[keep], start[keep], count[keep]
+    total = int(count.sum()) if count.numel() else 0
     if total == 0:
         return out
-    entry = torch.repeat_interleave(torch.arange(qi.numel(), device=rows.device), count)  # (P,)
+    qi = flat // n_l
+    owner = torch.repeat_interleave(torch.arange(n_q, device=device), query_ptr[1:] - query_ptr[:-1])  # (T,)
+    dense = n_q * vocab_size <= DENSE_LOOKUP_ELEMENTS
+    if dense:  # a (Q, V) table of the queries' terms
+        width = vocab_size
+        cell = owner * width + query_terms
+    else:  # a (Q, U) table over the U distinct terms of the batch's queries; any other term -> column U (False)
+        batch_terms, local = torch.unique(query_terms, return_inverse=True)
+        width = batch_terms.numel() + 1
+        cell = owner * width + local
+    idx = torch.int32 if max(int(row_ptr[-1]), n_q * width) < INT32_INDEX_LIMIT else torch.long  # the passes
+    if not dense:
+        to_slot = torch.full((vocab_size,), width - 1, dtype=idx, device=device)
+        to_slot[batch_terms] = torch.arange(width - 1, dtype=idx, device=device)
+    table = torch.zeros(n_q * width, dtype=torch.bool, device=device)
+    table[cell] = True
     first = torch.cumsum(count, 0) - count  # (E,) each entry's first posting
-    pos = start[entry] + torch.arange(total, device=rows.device) - first[entry]
-    owner = torch.repeat_interleave(torch.arange(n_q, device=rows.device), query_ptr[1:] - query_ptr[:-1])  # (T,)
-    term = row_terms[pos].long()  # (P,)
-    if n_q * vocab_size <= DENSE_LOOKUP_ELEMENTS:  # a (Q, V) table of the queries' terms: one gather per posting
-        table = torch.zeros((n_q, vocab_size), dtype=torch.bool, device=rows.device)
-        table[owner, query_terms] = True
-        has = table[qi[entry], term]
-    else:  # (query, term) keys: a sorted membership test
-        has = torch.isin(qi[entry] * vocab_size + term, owner * vocab_size + query_terms)
-    if paths is not None and path_terms is not None and path_terms.numel():
-        hit = has.nonzero().squeeze(1)  # only the postings of query terms can be left out (few of the P)
-        path = paths[qi, li][entry[hit]]  # each such posting's row's heading path
+    step = torch.ones(total, dtype=idx, device=device)  # +1 along a row's postings, a jump to the next row's first
+    step[first] = (start - torch.cat([start.new_zeros(1), start[:-1] + count[:-1] - 1])).to(idx)
+    pos = step.cumsum_(0)  # (P,) each posting's place in row_terms
+    term = row_terms.index_select(0, pos)  # (P,)
+    qstep = torch.zeros(total, dtype=idx, device=device)  # likewise each posting's query row of the table
+    qstep[first] = ((qi - torch.cat([qi.new_zeros(1), qi[:-1]])) * width).to(idx)
+    slot = qstep.cumsum_(0).add_(term.to(idx) if dense else to_slot.index_select(0, term))  # (P,) table cells
+    hit = table.index_select(0, slot).nonzero().squeeze(1)  # (K,) postings of their query's terms, ascending
+    entry = torch.searchsorted(first, hit, right=True) - 1  # (K,) their entries
+    hit_pos = pos.index_select(0, hit)
+    if paths is not None and path_terms is not None and path_terms.numel() and hit.numel():
+        path = paths.reshape(-1).index_select(0, flat.index_select(0, entry))  # each hit's row's heading path
         n_paths = path_ptr.shape[0] - 1
-        path_owner = torch.repeat_interleave(torch.arange(n_paths, device=rows.device), path_ptr[1:] - path_ptr[:-1])
-        said = torch.isin(path.clamp(min=0) * vocab_size + term[hit], path_owner * vocab_size + path_terms)
-        has[hit[said & (path >= 0)]] = False
-    score = torch.zeros(qi.numel(), dtype=torch.float32, device=rows.device)
-    score.index_add_(0, entry, torch.where(has, row_weights[pos], torch.zeros_like(row_weights[pos])))
-    out[qi, li] = score
+        path_owner = torch.repeat_interleave(torch.arange(n_paths, device=device), path_ptr[1:] - path_ptr[:-1])
+        said = path_owner * vocab_size + path_terms  # (path, term) keys, ascending: terms sorted within a path
+        key = path.clamp(min=0) * vocab_size + term.index_select(0, hit).long()
+        at = torch.searchsorted(said, key).clamp(max=said.numel() - 1)
+        kept = ((said.index_select(0, at) != key) | (path < 0)).nonzero().squeeze(1)
+        entry, hit_pos = entry.index_select(0, kept), hit_pos.index_select(0, kept)
+    score = torch.zeros(flat.numel(), dtype=torch.float32, device=device)
+    score.index_add_(0, entry, row_weights.index_select(0, hit_pos))  # in posting order: CSR order within each sum
+    out.view(-1)[flat] = score
     return out

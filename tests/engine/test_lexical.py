@@ -159,3 +159,28 @@ def test_vectors_without_texts_leave_the_term_out(plain_engine) -> None:
     assert got == plain_engine.query([QUESTION], on, WIDE)
     assert got != plain_engine.query_embedded(emb, off, WIDE)
     assert np.isfinite([c.score for c in got[0]]).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", [1, 3, 100])
+def test_lexical_rows_scores_only_the_best_rows_by_the_other_signals(plain_engine, k) -> None:
+    """score_rows(lexical_rows=k) (the heading rerank's, engine.retrieval.LEXICAL_RERANK_ROWS): rows at least as
+    good as a query's k-th best by the other signals score exactly as with the term on every row, the others
+    exactly as without it."""
+    from qasc.kernels.signals import ScoringModel
+
+    questions = [QUESTION, "track an order", QUESTION]
+    query = plain_engine.embed_queries(questions)
+    rows = torch.arange(plain_engine.n_total).expand(3, -1).contiguous()
+    valid = torch.ones_like(rows, dtype=torch.bool)
+    valid[2, ::2] = False
+    term = plain_engine.lexical_term(QascParams(), questions, 3)
+    model = ScoringModel()
+    full = plain_engine.score_rows(query, rows, valid, model, None, term).total
+    other = plain_engine.score_rows(query, rows, valid, model, None, None).total
+    got = plain_engine.score_rows(query, rows, valid, model, None, term, lexical_rows=k).total
+    masked = torch.where(valid, other, torch.full_like(other, float("-inf")))
+    kth = masked.topk(min(k, rows.shape[1]), dim=1).values[:, -1:]
+    best = valid & (masked >= kth) if k < rows.shape[1] else valid
+    assert torch.equal(got[best], full[best]) and torch.equal(got[~best], other[~best])
+    assert int(best[0].sum()) >= min(k, int(valid[0].sum())) and bool((full[0] > other[0]).any())

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -41,16 +42,29 @@ def cases(draw: st.DrawFn) -> dict:
             "valid": torch.tensor(valid, dtype=torch.bool).reshape(q, l_)}
 
 
+MODES = ((kernels.lexical.DENSE_LOOKUP_ELEMENTS, kernels.lexical.INT32_INDEX_LIMIT),  # (Q, V) table, int32
+         (0, kernels.lexical.INT32_INDEX_LIMIT),  # (Q, U) table of the batch's terms
+         (0, 0), (kernels.lexical.DENSE_LOOKUP_ELEMENTS, 0))  # both with int64 indices
+
+
+def in_every_mode(**case) -> list[torch.Tensor]:
+    """lexical_scores(**case) with each table and index width of MODES."""
+    outs = []
+    for dense_limit, index_limit in MODES:
+        saved = kernels.lexical.DENSE_LOOKUP_ELEMENTS, kernels.lexical.INT32_INDEX_LIMIT
+        kernels.lexical.DENSE_LOOKUP_ELEMENTS, kernels.lexical.INT32_INDEX_LIMIT = dense_limit, index_limit
+        try:
+            outs.append(lexical_scores(**case))
+        finally:
+            kernels.lexical.DENSE_LOOKUP_ELEMENTS, kernels.lexical.INT32_INDEX_LIMIT = saved
+    return outs
+
+
 @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(case=cases())
 def test_lexical_scores_match_reference(case) -> None:
     want = ref.lexical_scores(**case)
-    for dense_limit in (kernels.lexical.DENSE_LOOKUP_ELEMENTS, 0):  # the (Q, V) table, then the sorted keys
-        old, kernels.lexical.DENSE_LOOKUP_ELEMENTS = kernels.lexical.DENSE_LOOKUP_ELEMENTS, dense_limit
-        try:
-            out = lexical_scores(**{**case, "row_terms": case["row_terms"].int()})
-        finally:
-            kernels.lexical.DENSE_LOOKUP_ELEMENTS = old
+    for out in in_every_mode(**{**case, "row_terms": case["row_terms"].int()}):
         assert out.shape == case["rows"].shape and out.dtype == torch.float32
         torch.testing.assert_close(out, want)
 
@@ -69,7 +83,33 @@ def test_heading_terms_leave_the_scores_as_in_the_reference(case, data) -> None:
                          dtype=torch.long).reshape(q, l_)
     heads = {"paths": paths, "path_ptr": torch.tensor(path_ptr), "path_terms": torch.tensor(path_terms)}
     want = ref.lexical_scores(**case, **heads)
-    torch.testing.assert_close(lexical_scores(**case, **heads), want)
+    for out in in_every_mode(**case, **heads):
+        torch.testing.assert_close(out, want)
     assert bool((want <= ref.lexical_scores(**case) + 1e-6).all())  # leaving terms out never adds
     no_paths = {**heads, "paths": torch.full_like(paths, -1)}
     torch.testing.assert_close(lexical_scores(**case, **no_paths), ref.lexical_scores(**case))
+
+
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=cases(), data=st.data())
+def test_each_sum_is_a_float32_fold_in_csr_order(case, data) -> None:
+    """Bit for bit: each entry's score is 0 plus its row's matching weights one float32 addition at a time in CSR
+    order (ascending term id), whatever the table or index width (answers do not move with the implementation)."""
+    weights = torch.tensor(data.draw(st.lists(st.floats(0.125, 1024.0, width=32), min_size=case["row_terms"].numel(),
+                                              max_size=case["row_terms"].numel())), dtype=torch.float32)
+    case = {**case, "row_weights": weights}
+    ptr, terms, w = case["row_ptr"].tolist(), case["row_terms"].tolist(), weights.numpy()
+    qptr, qterms = case["query_ptr"].tolist(), case["query_terms"].tolist()
+    want = torch.zeros(case["rows"].shape, dtype=torch.float32)
+    for q in range(want.shape[0]):
+        have = set(qterms[qptr[q] : qptr[q + 1]])
+        for j in range(want.shape[1]):
+            r = int(case["rows"][q, j])
+            if case["valid"][q, j]:
+                total = np.float32(0.0)
+                for i in range(ptr[r], ptr[r + 1]):
+                    if terms[i] in have:
+                        total = np.float32(total + w[i])
+                want[q, j] = float(total)
+    for out in in_every_mode(**case):
+        assert torch.equal(out, want)
