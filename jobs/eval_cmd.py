@@ -46,7 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--judge-questions", type=int, default=40, help="questions sampled for generate-and-judge")
     p.add_argument("--quick", action="store_true", help=f"tiny subset ({', '.join(QUICK_CORPORA)}, 12 questions "
                    "each) and a 4-setting QASC grid: a smoke run, not a result")
-    p.add_argument("--grid", choices=("full", "quick"), default="full", help="QASC grid to cross-validate over")
+    p.add_argument("--grid", choices=("full", "quick", "presets"), default="full",
+                   help="QASC grid to cross-validate over; presets: the shipped presets (answers: F1 and top-k, "
+                   "context: the token budgets), no setting chosen on the data")
     p.add_argument("--no-baseline-context", dest="baseline_context", action="store_false",
                    help="do not also rank each baseline with QASC's heading context ('<method> + same context' rows)")
     p.add_argument("--ks", type=_ints, default=tuple(range(1, 11)), help="top-k values (default 1..10)")

@@ -72,7 +72,7 @@ class EvalConfig:
     seed: int = 0
     device: str = "auto"
     dtype: str = "fast"  # fast: bfloat16 on a CPU with native bf16 (5x faster there), else the engine's auto
-    grid: str = "full"  # full | quick
+    grid: str = "full"  # full | quick | presets (QASC's candidates: the shipped presets, nothing chosen)
     baseline_context: bool = True  # also rank every baseline with QASC's heading context ("<name> + same context")
 
 
@@ -87,6 +87,7 @@ class MethodRun:
     candidates: dict[str, dict[str, np.ndarray]]  # "base|selector" -> metric -> (Q,)
     stats: dict = field(default_factory=dict)
     settings: dict[str, Q.Setting] = field(default_factory=dict)  # QASC only
+    headline: tuple[str, ...] = ("k",)  # selector kinds the F1 headline chooses among
 
     def selector_keys(self, kinds: Sequence[str]) -> list[str]:
         return [k for k in self.candidates if k.split("|", 1)[1].split("=")[0] in kinds]
@@ -272,6 +273,11 @@ def qasc_run(engine, query_emb, questions: Sequence[Question], grid: Sequence[Q.
     qemb = torch.as_tensor(np.asarray(query_emb, dtype=np.float32))
     run = MethodRun("qasc", "qasc", "query-time chunking through engine.query (store + FAISS + kernels)", {}, {})
     sels = Q.selectors(cfg.ks)
+    run.headline = ("k", "margin")
+    views_of: dict[str, Sequence[str]] = {}
+    if cfg.grid == "presets":  # answers: top-k and its shipped selection (the headline); context: the budgets
+        sels, run.headline = [f"k={k}" for k in cfg.ks] + [Q.SHIPPED_SELECTOR], ("margin",)
+        views_of = dict(zip((s.key() for s in grid), Q.PRESET_VIEWS.values(), strict=True))
     t_engine = t_score = 0.0
     texts = [q.text for q in questions]
     fill = Q.BudgetFill(engine)  # the token budgets: the engine's budget fill after the chunks
@@ -280,8 +286,9 @@ def qasc_run(engine, query_emb, questions: Sequence[Question], grid: Sequence[Q.
         units: list = []
         ranked = Q.run_setting(engine, qemb, s, texts, units)
         t1 = time.perf_counter()
-        add_candidates(run, s.key(), ranked, sels, questions, cutter)
-        for b in cfg.budgets:
+        kinds = views_of.get(s.key(), ("k", "margin", "budget"))
+        add_candidates(run, s.key(), ranked, [x for x in sels if x.split("=")[0] in kinds], questions, cutter)
+        for b in cfg.budgets if "budget" in kinds else ():
             run.candidates[f"{s.key()}|budget={b}"] = score_hits(
                 fill.hits(ranked, units, b, cutter, s.params.fill_diversity), questions)
         run.settings[s.key()] = s
@@ -406,8 +413,7 @@ def views(runs: dict[str, MethodRun], dataset: Dataset, cfg: EvalConfig) -> dict
     out: dict = {"heldout": {}, "topk": {}, "budget": {}, "in_sample": {}}
     cvs: dict[str, CVResult] = {}
     for name, run in runs.items():
-        kinds = ("k", "margin") if run.family == "qasc" else ("k",)
-        cands = {k: run.candidates[k] for k in run.selector_keys(kinds)}
+        cands = {k: run.candidates[k] for k in run.selector_keys(run.headline)}
         res = cv(cands, dataset, prefer=run.preference())
         cvs[name] = res
         entry = summarize(res.heldout, None, cfg.n_boot, cfg.seed)
@@ -578,7 +584,7 @@ def prepare_runs(cfg: EvalConfig, embedder, cache: EvalCache, log, engine_factor
     timings["chunk_and_embed"] = time.perf_counter() - t0
 
     cutter = TokenCutter(embedder.tokenizer, ds.corpora)
-    grid = Q.qasc_grid(quick=cfg.quick or cfg.grid == "quick")
+    grid = Q.qasc_grid(quick=cfg.quick or cfg.grid == "quick", grid=cfg.grid)
     t0 = time.perf_counter()
     runs = evaluate_methods(ds, qemb, chunksets, engine, grid, cfg, cutter, log, embedder, cache)
     timings["retrieve_and_score"] = time.perf_counter() - t0
@@ -643,8 +649,7 @@ def run_eval(cfg: EvalConfig, engine_factory: Callable | None = None, embedder=N
                     "corpora": {c: len(t) for c, t in sorted(ds.corpora.items())},
                     "questions": len(ds.questions), "multi_reference": int(sum(q.multi for q in ds.questions)),
                     "questions_per_corpus": {c: sum(q.corpus_id == c for q in ds.questions) for c in ds.corpus_ids}},
-        "config": {**asdict(cfg), "grid_axes": _jsonable(Q.QUICK_AXES if (cfg.quick or cfg.grid == "quick")
-                                                          else Q.GRID_AXES), "grid_size": len(grid)},
+        "config": {**asdict(cfg), "grid_axes": _jsonable(Q.grid_axes(grid_name(cfg))), "grid_size": len(grid)},
         "environment": _environment(embedder),
         "timings": {k: round(v, 2) for k, v in timings.items()},
         "cache": {"dir": cfg.cache_dir, "hits": cache.hits, "misses": cache.misses},
@@ -658,6 +663,11 @@ def run_eval(cfg: EvalConfig, engine_factory: Callable | None = None, embedder=N
     report.write_all(out_dir, results, spans, ds, cvs)
     log(f"wrote {out_dir}/report.md, results.json, spans.jsonl and plots in {timings['total']:.0f} s")
     return results
+
+
+def grid_name(cfg: EvalConfig) -> str:
+    """The QASC grid a run uses: presets, quick (--grid quick or --quick) or full."""
+    return "presets" if cfg.grid == "presets" else "quick" if cfg.quick or cfg.grid == "quick" else "full"
 
 
 def run_ppl_subset(ds: Dataset, qemb: np.ndarray, chunksets, engine_factory, embedder, cache: EvalCache,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qasc.engine import presets
 from qasc.engine.config import RetrievalConfig
 from qasc.engine.passages import fill_budget
 from qasc.jobs.eval.retrieval import Hit, TokenCutter, within_budget
@@ -117,8 +118,32 @@ QUICK_AXES: dict[str, Sequence] = {
 }
 
 
-def qasc_grid(quick: bool = False) -> list[Setting]:
-    """The declared grid as a list of Settings (duplicates removed, declared order kept)."""
+# `--grid presets`: the shipped presets, nothing chosen on the data. The `answers` preset answers the F1 headline
+# (with its own selection, SHIPPED_SELECTOR) and the top-k views, the `context` preset the token-budget views.
+PRESET_VIEWS = {"answers": ("k", "margin"), "context": ("budget",)}
+SHIPPED_SELECTOR = f"margin={QascParams().score_margin:g}"  # top_k (10, select's cap) within the score margin
+PRESET_AXES: dict[str, Sequence] = {"presets": tuple(PRESET_VIEWS)}
+
+
+def preset_grid() -> list[Setting]:
+    """The presets of PRESET_VIEWS as Settings (presets.apply on the shipped defaults, selection knobs neutral)."""
+    out = []
+    for name in PRESET_VIEWS:
+        params, retrieval = presets.apply(name, QascParams(), RetrievalConfig())
+        out.append(Setting(params.replace(**NEUTRAL), retrieval))
+    return out
+
+
+def grid_axes(grid: str) -> dict[str, Sequence]:
+    """`--grid` full | quick | presets -> its axes (results.json `grid_axes`)."""
+    return {"full": GRID_AXES, "quick": QUICK_AXES, "presets": PRESET_AXES}[grid]
+
+
+def qasc_grid(quick: bool = False, grid: str | None = None) -> list[Setting]:
+    """The declared grid as a list of Settings (duplicates removed, declared order kept); grid="presets": the
+    shipped presets (preset_grid)."""
+    if grid == "presets":
+        return preset_grid()
     axes = QUICK_AXES if quick else GRID_AXES
     out: dict[str, Setting] = {}
     for seeding, extents, (focus, far), retrieval, lexical in itertools.product(*axes.values()):

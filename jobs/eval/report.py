@@ -12,6 +12,8 @@ from qasc.jobs.eval.crossval import CVResult
 from qasc.jobs.eval.data import Dataset
 from qasc.jobs.eval.metrics import score_spans
 
+NOTE_PRESETS = "QASC: the shipped presets, no setting chosen on these sets"  # `--grid presets`
+
 BASELINE_FAMILIES = ("fixed", "recursive")
 
 
@@ -371,8 +373,12 @@ def render(results: dict) -> str:
         L.append(f"| {n} | {e['family']} | {e['note']} | {st.get('n_chunks', '-')} | "
                  f"{_f(st.get('mean_chunk_tokens', float('nan')))} |")
     L.append("")
-    L.append(f"QASC grid: {cfg['grid_size']} settings x selectors (top-k 1..10, score margins) — axes: "
-             + "; ".join(f"{k} {v}" for k, v in cfg["grid_axes"].items()) + ".")
+    if cfg.get("grid") == "presets":
+        L.append(NOTE_PRESETS + " (held out = in sample for QASC): `answers` for F1 and top-k, `context` for "
+                 "the token budgets.")
+    else:
+        L.append(f"QASC grid: {cfg['grid_size']} settings x selectors (top-k 1..10, score margins) — axes: "
+                 + "; ".join(f"{k} {v}" for k, v in cfg["grid_axes"].items()) + ".")
     L.append("")
     L.append("## Timings (seconds)")
     L.append("")

@@ -31,8 +31,10 @@ from qasc.jobs.eval.harness import (
     Log,
     SetRun,
     _environment,
+    _jsonable,
     apply_selector,
     extra_setting,
+    grid_name,
     prepare_runs,
     start_run,
     summarize,
@@ -207,8 +209,7 @@ def run_suite(cfg: EvalConfig, data_dirs: Sequence[str], engine_factory: Callabl
     recall_folds: list[dict] = []
     for m in methods:
         run = sets[0].runs[m]
-        kinds = ("k", "margin") if run.family == "qasc" else ("k",)
-        res = leave_one_dataset_out(sets, m, kinds)
+        res = leave_one_dataset_out(sets, m, run.headline)
         cvs[m] = res
         entry = {"family": run.family, "note": run.note, "pooled": summarize(res.heldout, None, cfg.n_boot, cfg.seed),
                  "sets": {n: summarize(res.heldout, mk, cfg.n_boot, cfg.seed) for n, mk in masks.items()},
@@ -223,6 +224,22 @@ def run_suite(cfg: EvalConfig, data_dirs: Sequence[str], engine_factory: Callabl
             recall_folds = [asdict(f) for f in rb.folds]
     timings = {"crossval": time.perf_counter() - t0}
 
+    within = {}
+    # chosen before the ablations, which add their variants as candidates
+    for s in sets:  # secondary view: each set's own leave-one-corpus-out headline
+        v, _ = views(s.runs, s.dataset, cfg)
+        within[s.dataset.name] = {m: {"f1": e["f1"]["mean"], "folds": [f["chosen"] for f in e["folds"]]}
+                                  for m, e in v["heldout"].items()}
+
+    default = budget_default = None
+    if "qasc" in recall400:  # the same on recall at the budget: what `--budget-tokens` on the defaults should answer
+        key, chosen = _chosen_on_all_sets(sets, None, f"budget={RECALL_BUDGET}", BUDGET_CRITERION)
+        budget_default = {"candidate": key, "folds": recall_folds, "is_budget_profile": is_budget_profile(chosen),
+                          **chosen.describe()}
+    if "qasc" in cvs:  # the setting every fold would get with all sets to learn from: the shipped default
+        key, chosen = _chosen_on_all_sets(sets, sets[0].runs["qasc"].headline, None, "f1")
+        default = {"candidate": key, "selector": key.split("|", 1)[1], **chosen.describe()}
+
     ablation_rows: list[dict] = []
     extents: dict[str, dict] = {}
     if "qasc" in cvs:
@@ -231,21 +248,6 @@ def run_suite(cfg: EvalConfig, data_dirs: Sequence[str], engine_factory: Callabl
         ablation_rows = suite_ablations(sets, cvs["qasc"], cfg, log)
         timings["ablations"] = time.perf_counter() - t0
         extents = {n: extent_histogram(h) for n, h in set_hits(sets, "qasc", cvs["qasc"]).items()}
-
-    default = budget_default = None
-    if "qasc" in recall400:  # the same on recall at the budget: what `--budget-tokens` on the defaults should answer
-        key, chosen = _chosen_on_all_sets(sets, None, f"budget={RECALL_BUDGET}", BUDGET_CRITERION)
-        budget_default = {"candidate": key, "folds": recall_folds, "is_budget_profile": is_budget_profile(chosen),
-                          **chosen.describe()}
-    if "qasc" in cvs:  # the setting every fold would get with all sets to learn from: the shipped default
-        key, chosen = _chosen_on_all_sets(sets, ("k", "margin"), None, "f1")
-        default = {"candidate": key, "selector": key.split("|", 1)[1], **chosen.describe()}
-
-    within = {}
-    for s in sets:  # secondary view: each set's own leave-one-corpus-out headline
-        v, _ = views(s.runs, s.dataset, cfg)
-        within[s.dataset.name] = {m: {"f1": e["f1"]["mean"], "folds": [f["chosen"] for f in e["folds"]]}
-                                  for m, e in v["heldout"].items()}
 
     timings["total"] = time.perf_counter() - t_start
     results = {
@@ -262,7 +264,8 @@ def run_suite(cfg: EvalConfig, data_dirs: Sequence[str], engine_factory: Callabl
         "chosen_on_all_sets": default,
         "budget_chosen_on_all_sets": budget_default,
         "within_set": within,
-        "config": {**asdict(cfg), "data_dirs": list(data_dirs), "grid_size": len(sets[0].grid)},
+        "config": {**asdict(cfg), "data_dirs": list(data_dirs), "grid_size": len(sets[0].grid),
+                   "grid_axes": _jsonable(Q.grid_axes(grid_name(cfg)))},
         "environment": _environment(embedder),
         "timings": {k: round(v, 2) for k, v in timings.items()},
         "unit": "percent (precision, recall, iou, f1); model tokens (tokens)",

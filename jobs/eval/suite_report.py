@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from qasc.jobs.eval.report import _ci, _f
+from qasc.jobs.eval.report import NOTE_PRESETS, _ci, _f
 
 EXTENT_BINS = ("1", "2", "3", "4-7", "8+")
 
@@ -45,6 +45,9 @@ def render(results: dict) -> str:
                                          f"{_f(e[s]['tokens'], 0)}" for s in sets) + " |")
     L.append("")
     if "qasc" in held:
+        if results["config"].get("grid") == "presets":
+            L.append(NOTE_PRESETS + " (held out = in sample for QASC).")
+            L.append("")
         L.append("QASC's choice per fold (held-out set: setting | selector):")
         L.append("")
         for f in held["qasc"]["folds"]:

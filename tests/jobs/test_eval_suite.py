@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from qasc.jobs.eval import qasc as Q
 from qasc.jobs.eval.harness import EvalConfig
@@ -102,3 +103,59 @@ def test_eval_cli_runs_the_suite_on_two_tiny_sets(tmp_path, capsys):
     # every corpus and question of both sets was read (set_b lacks one corpus and its questions)
     assert {n: (s["corpora"], s["questions"]) for n, s in res["sets"].items()} == {
         "set_a": (len(CORPORA), 6), "set_b": (len(CORPORA) - 1, 4)}
+
+
+def test_grid_presets_scores_the_shipped_presets_as_the_engine_answers(tmp_path, tiny_model):
+    """`--grid presets`: the engine runs exactly the presets' settings (answers, then context; the selection left to
+    the harness), every fold "chooses" answers with its shipped selection (F1) and context (recall at 400), and QASC's
+    held-out F1 on each set is that of `Engine.query_embedded` with the shipped QascParams() / RetrievalConfig()."""
+    from qasc.engine import presets
+    from qasc.engine.config import EmbedderConfig, EngineConfig, RetrievalConfig
+    from qasc.engine.embedder import Embedder
+    from qasc.engine.query import Engine
+    from qasc.engine.store import ingest
+    from qasc.jobs.eval.data import load_dataset
+    from qasc.jobs.eval.metrics import score_spans
+    from qasc.kernels.params import QascParams
+
+    dirs = two_sets(tmp_path)
+    embedder = Embedder(model=tiny_model, device="cpu")
+    engines, calls = [], []
+
+    def factory(dataset, cache, out_dir, device, dtype, log, embedder=None):
+        root = out_dir / "stores" / dataset.name
+        ingest([dataset.files[c] for c in sorted(dataset.corpora)], str(root),
+               EngineConfig(embedder=EmbedderConfig(model=tiny_model, device="cpu")), embedder=embedder)
+        engine = Engine.open(str(root), device="cpu")
+        query = engine.query_embedded
+        engine.query_embedded = lambda q, p, r, **kw: (calls.append((dataset.name, p, r)), query(q, p, r, **kw))[1]
+        engines.append(engine)
+        return engine
+
+    cfg = EvalConfig(data_dir=",".join(dirs), out_dir=str(tmp_path / "out"), cache_dir=str(tmp_path / "cache"),
+                     methods=("sentences", "qasc"), ks=(1, 2), budgets=(400,), n_boot=10, grid="presets",
+                     baseline_context=False)
+    res = run_suite(cfg, dirs, engine_factory=factory, embedder=embedder, log=lambda m: None)
+    shipped = {"top_k": QascParams().top_k, "score_margin": QascParams().score_margin}
+    expected = [presets.apply(n, QascParams(), RetrievalConfig()) for n in ("answers", "context")]
+    for name in ("set_a", "set_b"):  # the first two passes per set: the grid; the rest: ablation variants
+        grid = [(p, r) for s, p, r in calls if s == name][:2]
+        assert [(p.replace(**shipped, budget_tokens=e.budget_tokens), r) for (p, r), (e, _) in
+                zip(grid, expected, strict=True)] == expected
+        assert all(p.top_k is None and p.score_margin is None and p.budget_tokens is None for p, _ in grid)
+    answers, context = (s.key() for s in Q.preset_grid())
+    assert res["config"]["grid_size"] == 2 and res["config"]["grid_axes"] == {"presets": ["answers", "context"]}
+    assert [f["chosen"] for f in res["heldout"]["qasc"]["folds"]] == [f"{answers}|margin=0.1"] * 2
+    assert res["chosen_on_all_sets"]["candidate"] == f"{answers}|margin=0.1"
+    assert [f["chosen"] for f in res["budget_chosen_on_all_sets"]["folds"]] == [f"{context}|budget=400"] * 2
+    assert res["budget_chosen_on_all_sets"]["is_budget_profile"]
+    assert all(a["changed_folds"] <= 2 for a in res["ablations"])
+    assert "QASC: the shipped presets, no setting chosen on these sets" in (tmp_path / "out" / "report.md").read_text()
+    for d, engine in zip(dirs, engines, strict=True):
+        ds = load_dataset(d)
+        texts = [q.text for q in ds.questions]
+        rows = engine.query_embedded(torch.as_tensor(embedder.encode(texts)), QascParams(), RetrievalConfig(),
+                                     questions=texts)
+        f1 = [score_spans(((c.doc_id, c.char_start, c.char_end) for c in row), q.corpus_id, q.evidence).f1
+              for row, q in zip(rows, ds.questions, strict=True)]
+        assert res["heldout"]["qasc"]["sets"][ds.name]["f1"]["mean"] == pytest.approx(100 * np.mean(f1))
