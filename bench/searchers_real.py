@@ -19,6 +19,9 @@ Every searcher probes the same lists and returns the top `--k`:
     torch-float32        kernels.ivf_scan.ivf_vectors_topk over the rows (float32 products)
     torch-int8           the same with int8 products (the engine's CPU path on VNNI / AMX CPUs), re-ranked exactly
 
+The two torch rows need kernels/ivf_scan.py, removed after this comparison (07a380b is the last commit with it:
+run the script from a checkout of it for those rows); without it they are left out.
+
 Recall@k against the exact top k (blocked matmul) and the search time per 10k queries (median of `--repeats`) for
 each nprobe (`--parallel-modes`: FAISS's `IndexIVF.parallel_mode` values tried for .search; `--searchers`: a
 subset). Table, then one JSON line. `python -m bench.searchers_real --nprobes 8,16,32`;
@@ -78,7 +81,11 @@ def main(argv=None) -> int:
     from faiss.contrib.big_batch_search import big_batch_search
 
     from engine.store.index import exact_topk, rerank
-    from kernels.ivf_scan import ivf_vectors_topk
+
+    try:  # the torch scan the engine used until issue 44 (removed; see the docstring)
+        from kernels.ivf_scan import ivf_vectors_topk
+    except ImportError:
+        ivf_vectors_topk = None
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--store", default=None, help="a committed ivf store (its vectors, its SQ8 index, noisy "
@@ -166,8 +173,8 @@ def main(argv=None) -> int:
             "faiss-big-batch": lambda: big_batch(flat, args.k),
             "faiss-sq8-big-batch": lambda: rerank(rows, qt, torch.as_tensor(big_batch(sq8, 2 * args.k)),
                                                   args.k)[1].numpy(),
-            "torch-float32": lambda: torch_scan(False),
-            "torch-int8": lambda: torch_scan(True),
+            **({"torch-float32": lambda: torch_scan(False), "torch-int8": lambda: torch_scan(True)}
+               if ivf_vectors_topk is not None else {}),
         })
         for name, fn in searchers.items():
             if wanted and name not in wanted:

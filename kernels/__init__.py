@@ -15,7 +15,6 @@ from kernels.extents import (
     run_norms,
 )
 from kernels.gather import gathered_dots, segment_first
-from kernels.ivf_scan import ivf_sq8_topk, ivf_vectors_topk
 from kernels.merging import coverage, fill_gaps, label_segments, segment_scores, segment_spans, segment_sums
 from kernels.params import QascParams
 from kernels.pipeline import QascBatch, run_qasc
@@ -40,8 +39,6 @@ __all__ = [
     "keep_windows",
     "focus_on_best",
     "gathered_dots",
-    "ivf_sq8_topk",
-    "ivf_vectors_topk",
     "label_segments",
     "percentile_seeds",
     "neighbour_dots",

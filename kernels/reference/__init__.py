@@ -40,21 +40,9 @@ from kernels.reference.extents import (
     run_norms,
 )
 from kernels.reference.gather import gathered_dots, segment_first
-from kernels.reference.ivf_scan import (
-    column_inverse,
-    int8_products,
-    ivf_sq8_topk,
-    ivf_vectors_topk,
-    probe_lists,
-    quantize_columns,
-    quantize_rows,
-    rank_keys,
-    row_top_k,
-    scan_budget,
-    top_k_per_query,
-)
 from kernels.reference.lexical import lexical_scores
 from kernels.reference.merging import coverage, fill_gaps, label_segments, segment_scores, segment_spans, segment_sums
+from kernels.reference.quantize import column_inverse, int8_products, quantize_columns, quantize_rows, row_top_k
 from kernels.reference.runs import combine_keys, positions_like, region_keys, run_bounds
 from kernels.reference.seeding import percentile_seeds, percentile_threshold, similarity_ranks, top_ranked
 from kernels.reference.selection import focus_on_best, select_chunks
@@ -81,8 +69,6 @@ __all__ = [
     "heading_residual",
     "int8_heading_table",
     "int8_products",
-    "ivf_sq8_topk",
-    "ivf_vectors_topk",
     "keep_windows",
     "label_segments",
     "lexical_scores",
@@ -94,16 +80,13 @@ __all__ = [
     "pick_extents",
     "pooled_extent_scores",
     "positions_like",
-    "probe_lists",
     "quantize_columns",
     "quantize_rows",
-    "rank_keys",
     "region_keys",
     "row_scores",
     "row_top_k",
     "run_bounds",
     "run_norms",
-    "scan_budget",
     "segment_first",
     "segment_scores",
     "segment_spans",
@@ -112,6 +95,5 @@ __all__ = [
     "shortlist_top",
     "similarity_ranks",
     "snap_to_blocks",
-    "top_k_per_query",
     "top_ranked",
 ]
