@@ -22,10 +22,11 @@ Every searcher probes the same lists and returns the top `--k`:
 The two torch rows need kernels/ivf_scan.py, removed after this comparison (07a380b is the last commit with it:
 run the script from a checkout of it for those rows); without it they are left out.
 
-Recall@k against the exact top k (blocked matmul) and the search time per 10k queries (median of `--repeats`) for
-each nprobe (`--parallel-modes`: FAISS's `IndexIVF.parallel_mode` values tried for .search; `--searchers`: a
-subset). Table, then one JSON line. `python -m bench.searchers_real --nprobes 8,16,32`;
-`python -m bench.searchers_real --store /tmp/qasc-scale/store-200000-s0-ivf-float16-table --nprobes 16,56,112`.
+Recall@k against the exact top k (blocked matmul) and the search time per 10k queries (median of `--repeats`,
+the searchers timed in alternating rounds) for each nprobe (`--parallel-modes`: FAISS's `IndexIVF.parallel_mode`
+values tried for .search; `--searchers`: a subset). Table, then one JSON line.
+`python -m bench.searchers_real --nprobes 8,16,32`;
+`python -m bench.searchers_real --store /tmp/qasc-scale/store-200000-s0-ivf-float16-table --nprobes 16,112`.
 """
 
 from __future__ import annotations
@@ -52,13 +53,17 @@ def recall(found: np.ndarray, exact: np.ndarray) -> float:
     return hits / exact.size
 
 
-def timed(fn, repeats: int) -> tuple[float, np.ndarray]:
-    times, out = [], None
+def timed_alternately(fns: dict, repeats: int) -> dict[str, tuple[float, np.ndarray]]:
+    """name -> search: each timed `repeats` times, one round over all of them after another (so that a change of
+    the host's load falls on every searcher alike) -> name -> (median seconds, the last result)."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    out: dict[str, np.ndarray] = {}
     for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times), out
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            out[name] = fn()
+            times[name].append(time.perf_counter() - t)
+    return {name: (statistics.median(times[name]), out[name]) for name in fns}
 
 
 def store_rows(path: str, n_queries: int, log) -> tuple[torch.Tensor, np.ndarray, object]:
@@ -176,10 +181,8 @@ def main(argv=None) -> int:
             **({"torch-float32": lambda: torch_scan(False), "torch-int8": lambda: torch_scan(True)}
                if ivf_vectors_topk is not None else {}),
         })
-        for name, fn in searchers.items():
-            if wanted and name not in wanted:
-                continue
-            seconds, found = timed(fn, args.repeats)
+        chosen = {name: fn for name, fn in searchers.items() if not wanted or name in wanted}
+        for name, (seconds, found) in timed_alternately(chosen, args.repeats).items():
             r = recall(np.asarray(found), exact)
             per10k = seconds * 10000 / args.queries
             out["runs"].append({"searcher": name, "nprobe": nprobe, "recall": round(r, 4),

@@ -13,8 +13,9 @@
 Which one, and its settings, are values the caller passes (`Store.open(..., ivf=IvfSettings(...))`,
 `Engine.open(..., ivf=...)`, `qasc query --nprobe / --max-codes`); no module state picks a path. FAISS's own
 search replaced a batched torch scan of the lists (kernels.ivf_scan, removed): measured on the same lists, equal
-recall, the scan lost 3.7-7.6x to `IndexIVFScalarQuantizer.search` on bench.scale's 200k store and won only 1.3x
-over `faiss.contrib.big_batch_search` on real MiniLM vectors (bench/RESULTS.md, "One searcher").
+recall, the scan took 2.5-7.6x the time of `IndexIVFScalarQuantizer.search` + re-rank on bench.scale's 200k store,
+and on real MiniLM vectors it beat `faiss.contrib.big_batch_search` by 1.3x at best (bench/RESULTS.md, "One
+searcher").
 """
 
 from __future__ import annotations
