@@ -90,12 +90,16 @@ class FaissSearcher:
 def ivf_params(index, settings: IvfSettings):
     """A CPU ivf index and its settings -> FAISS's SearchParametersIVF for one search; None for other indexes (a
     GPU ivf index probes its own `nprobe`, set when it was loaded); QascError for a codes budget on an index that
-    has none (flat, hnsw, GPU)."""
+    has none (flat, hnsw, GPU), and for another nprobe than a GPU index's own (it would be ignored)."""
     faiss = faiss_index._faiss()
     ivf = faiss.downcast_index(index)
     if not isinstance(ivf, faiss.IndexIVF):
         if settings.max_codes:
             raise QascError("max_codes applies to an ivf index searched on the CPU")
+        own = getattr(index, "nprobe", None)
+        if settings.nprobe is not None and own is not None and int(own) != int(settings.nprobe):
+            raise QascError(f"this index probes the {own} lists it was loaded with; open the store with nprobe "
+                            f"{settings.nprobe} instead")
         return None
     return faiss.SearchParametersIVF(nprobe=int(settings.nprobe or ivf.nprobe), max_codes=int(settings.max_codes))
 
