@@ -47,7 +47,7 @@ def bench_assembly(args, record: dict) -> list[dict]:
     import torch
 
     from bench.query import synthetic_engine
-    from engine.assemble import assemble_chunks_reference, assemble_columns
+    from qasc.engine.assemble import assemble_chunks_reference, assemble_columns
 
     engine = synthetic_engine(args.n, "cpu", "torch", with_model=False)
     params, retrieval = engine.config.qasc, engine.config.retrieval
@@ -85,7 +85,7 @@ def bench_stream(args, record: dict) -> None:
     import pyarrow.parquet as pq
 
     from bench.query import synthetic_engine
-    from jobs.results import ResultWriter, result_rows, rows_to_table
+    from qasc.jobs.results import ResultWriter, result_rows, rows_to_table
 
     engine = synthetic_engine(args.stream_n, "cpu", "torch", with_model=False)
     _ = engine.row_table

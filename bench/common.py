@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from jobs.env import set_env_defaults
+from qasc.jobs.env import set_env_defaults
 
 set_env_defaults()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # benchmarks use the bundled model only
@@ -133,7 +133,7 @@ def chroma_sentences(n: int | None = None, seed: int = 0, corpora_dir: str | Pat
     """The chroma_general sentences (engine.splitter.split_sentences), optionally n of them drawn with a seed."""
     import random
 
-    from engine.splitter import split_sentences
+    from qasc.engine.splitter import split_sentences
 
     texts: list[str] = []
     for path in chroma_corpora(corpora_dir):

@@ -42,12 +42,12 @@ texts = json.load(open(sys.argv[1]))
 engine, bt, bs, dtype, model = sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6] or None
 import torch
 if engine == "ours":
-    from engine.embedder import Embedder
+    from qasc.engine.embedder import Embedder
     e = Embedder(model, device="cpu", dtype=dtype, batch_tokens=bt, max_batch_size=bs)
     run = lambda x: e.encode(x)
 else:
     from sentence_transformers import SentenceTransformer
-    from engine.embedder import resolve_model_path, resolve_dtype
+    from qasc.engine.embedder import resolve_model_path, resolve_dtype
     m = SentenceTransformer(resolve_model_path(model), device="cpu",
                             model_kwargs={"dtype": resolve_dtype(dtype, torch.device("cpu"))})
     run = lambda x: m.encode(x, batch_size=bs, convert_to_numpy=True, normalize_embeddings=True)
@@ -173,7 +173,7 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     from bench.common import chroma_sentences
-    from engine.embedder import Embedder, resolve_device, resolve_dtype, resolve_model_path
+    from qasc.engine.embedder import Embedder, resolve_device, resolve_dtype, resolve_model_path
 
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)

@@ -51,7 +51,7 @@ def pack_model(src: str, dst: Path) -> dict:
     import torch
     from transformers import AutoModel
 
-    from engine.embedder import Embedder
+    from qasc.engine.embedder import Embedder
 
     model = AutoModel.from_pretrained(src, dtype=torch.float32)
     model.half().save_pretrained(dst, safe_serialization=True)
@@ -114,7 +114,7 @@ def pack_chroma(src: Path, dst: Path, corpora: tuple[str, ...]) -> dict:
 def build(out: Path, model: str | None = None, corpora: tuple[str, ...] = DEFAULT_CORPORA,
           chroma: Path | None = None, languages: tuple[str, ...] = ("english",), limit_mib: float = LIMIT_MIB) -> dict:
     """Build the pack into `out` (replaced); SystemExit when it is larger than limit_mib."""
-    from engine.embedder import resolve_model_path
+    from qasc.engine.embedder import resolve_model_path
 
     out = Path(out)
     if out.exists():

@@ -29,7 +29,7 @@ from bench.common import CHROMA, emit_json, machine_info, median, sync, time_rep
 def build_docs(corpora_dir, max_chars: int, embedder) -> list:
     """chroma corpora -> Sentences per file (first max_chars characters when > 0), with token counts."""
     from bench.common import chroma_corpora
-    from engine.splitter import split_sentences
+    from qasc.engine.splitter import split_sentences
 
     docs = []
     for path in chroma_corpora(corpora_dir):
@@ -69,9 +69,9 @@ def main(argv=None) -> dict:
     import torch
 
     from bench.query import TorchStore, load_questions
-    from engine.config import EngineConfig
-    from engine.embedder import Embedder, resolve_device
-    from engine.query import Engine
+    from qasc.engine.config import EngineConfig
+    from qasc.engine.embedder import Embedder, resolve_device
+    from qasc.engine.query import Engine
 
     device = resolve_device(args.device)
     cpu = torch.device("cpu")

@@ -36,9 +36,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--index-in-process", action="store_true", help="build the index in this process at any size")
     args = ap.parse_args(argv)
 
-    from engine.config import EmbedderConfig, EngineConfig
-    from engine.store import IngestConfig, IngestProgress, index_child, ingest
-    from engine.store import index as faiss_index
+    from qasc.engine.config import EmbedderConfig, EngineConfig
+    from qasc.engine.store import IngestConfig, IngestProgress, index_child, ingest
+    from qasc.engine.store import index as faiss_index
 
     if args.index_in_process:
         index_child.INDEX_CHILD_MIN_ROWS = 1 << 62

@@ -65,7 +65,7 @@ def write_corpus(folder: Path, rounds: list[list[str]], stride: int) -> int:
 
 def ingest_once(corpus: Path, work: Path) -> dict:
     """One fresh local ingest; its summary plus `tokens` (model tokens of every stored sentence)."""
-    from engine.store import IngestProgress, Store, ingest
+    from qasc.engine.store import IngestProgress, Store, ingest
 
     store = work / f"store-{time.monotonic_ns()}"
     try:

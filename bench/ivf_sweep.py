@@ -46,7 +46,7 @@ def hnsw_index(store, args):
     """The store's vectors in an IndexHNSWSQ (8-bit codes, inner product), built once and cached at --hnsw-file."""
     import torch
 
-    from engine.store import index as faiss_index
+    from qasc.engine.store import index as faiss_index
 
     faiss = faiss_index._faiss()
     path = Path(args.hnsw_file or f"{str(store.path).rstrip('/')}.hnsw-sq8-{args.hnsw.replace(',', '-')}.faiss")
@@ -70,7 +70,7 @@ def hnsw_rows(store, queries, exact: np.ndarray, depth: int, args) -> list[dict]
     """HNSW-SQ8 over the same queries: per efSearch, 2 x depth hits re-scored exactly (as the ivf path does)."""
     import torch
 
-    from engine.store import index as faiss_index
+    from qasc.engine.store import index as faiss_index
 
     index, info = hnsw_index(store, args)
     print(f"hnsw: {info}", flush=True)
@@ -96,9 +96,9 @@ def main(argv=None) -> dict:
     import torch
 
     from bench.scale import noisy_queries, spread
-    from engine.store import index as faiss_index
-    from engine.store.reader import Store
-    from engine.store.search import FaissSearcher, IvfSettings
+    from qasc.engine.store import index as faiss_index
+    from qasc.engine.store.reader import Store
+    from qasc.engine.store.search import FaissSearcher, IvfSettings
 
     args = parse_args(argv)
     if args.threads:

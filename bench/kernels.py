@@ -23,7 +23,7 @@ import time
 import torch
 
 from bench.common import emit_json, machine_info, median, peak_rss_growth, print_table, time_repeats
-from kernels.params import QascParams
+from qasc.kernels.params import QascParams
 
 # every field spelled out, so that the fixed settings do not move when QascParams' defaults do
 BASE = QascParams(percentile=95.0, min_seeds=1, max_seeds=None, radius=0, adaptive=False, threshold=None, margin=None,
@@ -55,7 +55,7 @@ def synthetic_batch(q: int, length: int, seed: int = 0, device: str | torch.devi
                     dim: int = 384) -> dict[str, torch.Tensor]:
     """A random ragged batch (Q, L): sims float32, valid bool, region/paragraph/section ids and n_tokens int64,
     dots (Q, L, DOTS_WIDTH) float32: neighbour dots of random unit vectors of width `dim`, made a row at a time."""
-    from kernels.extents import block_stats, neighbour_dots
+    from qasc.kernels.extents import block_stats, neighbour_dots
 
     g = torch.Generator().manual_seed(seed)
     noise = torch.randn(q, length + 8, generator=g)
@@ -89,7 +89,7 @@ def synthetic_batch(q: int, length: int, seed: int = 0, device: str | torch.devi
 
 
 def run(batch: dict[str, torch.Tensor], params: QascParams, ops=None, rows: int | None = None):
-    from kernels.pipeline import run_qasc
+    from qasc.kernels.pipeline import run_qasc
 
     b = batch if rows is None else {k: v[:rows] for k, v in batch.items()}
     return run_qasc(b["sims"], b["valid"], b["region"], b["paragraph"], b["section"], b["n_tokens"], params, ops=ops,
@@ -112,7 +112,7 @@ def estimate_peak(batch, params, device) -> int:
 
 def check_equal(batch, params, rows: int) -> bool:
     """The fast and the reference pipeline pick the same chunks on the first `rows` rows."""
-    from kernels import reference
+    from qasc.kernels import reference
 
     fast, slow = run(batch, params, rows=rows), run(batch, params, ops=reference, rows=rows)
     return bool(torch.equal(fast.start.cpu(), slow.start) and torch.equal(fast.end.cpu(), slow.end)
@@ -152,8 +152,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from engine.embedder import resolve_device
-    from kernels import reference
+    from qasc.engine.embedder import resolve_device
+    from qasc.kernels import reference
 
     device = resolve_device(args.device)
     rows = []

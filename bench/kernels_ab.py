@@ -78,7 +78,7 @@ def main(argv=None) -> dict:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    import kernels.pipeline as new
+    import qasc.kernels.pipeline as new
 
     names = args.settings.split(",")
     with tempfile.TemporaryDirectory() as tmp:

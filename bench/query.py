@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import CHROMA, emit_json, machine_info, median, percentile, print_table, sync, time_repeats
-from engine.query import DEFAULT_SLICE_SIZE
+from qasc.engine.query import DEFAULT_SLICE_SIZE
 
 DEFAULT_STORES = ("/tmp/cg", "/tmp/qasc-bench-store")
 
@@ -42,7 +42,7 @@ def find_or_build_store(store: str | None, corpora: str | None = None) -> str:
         if (Path(c) / "manifest.json").is_file():
             return c
     target = store or DEFAULT_STORES[-1]
-    from engine.store import IngestProgress, ingest
+    from qasc.engine.store import IngestProgress, ingest
 
     print(f"building {target} from {corpora or CHROMA / 'corpora'} (local ingest) ...", flush=True)
     ingest([str(corpora or CHROMA / "corpora")], target, progress=IngestProgress(bar=False))
@@ -71,7 +71,7 @@ class TorchStore:
         self.search_kind = search
         self.index = None
         if search == "faiss":
-            from engine.store import index as faiss_index
+            from qasc.engine.store import index as faiss_index
 
             idx = faiss_index.new_index("flat", dim, {})
             faiss_index.add(idx, self.embeddings)
@@ -83,7 +83,7 @@ class TorchStore:
         import torch
 
         if self.index is not None:
-            from engine.store import index as faiss_index
+            from qasc.engine.store import index as faiss_index
 
             return faiss_index.search(self.index, np.ascontiguousarray(query_emb, dtype=np.float32), k)
         q = torch.as_tensor(query_emb, dtype=torch.float32, device=self.device)
@@ -102,7 +102,7 @@ class SyntheticStore(TorchStore):
                  search: str = "torch") -> None:
         import torch
 
-        from engine.types import Sentences
+        from qasc.engine.types import Sentences
 
         g = torch.Generator(device="cpu").manual_seed(seed)
         emb = torch.nn.functional.normalize(torch.randn(n, dim, generator=g), dim=1)
@@ -125,9 +125,9 @@ class SyntheticStore(TorchStore):
 
 def synthetic_engine(n: int, device: str, search: str, with_model: bool, model: str | None = None):
     """An Engine over a SyntheticStore of n sentences (embedder None unless with_model; `model`: its folder)."""
-    from engine.config import EngineConfig
-    from engine.embedder import Embedder, resolve_device
-    from engine.query import Engine
+    from qasc.engine.config import EngineConfig
+    from qasc.engine.embedder import Embedder, resolve_device
+    from qasc.engine.query import Engine
 
     dev = resolve_device(device)
     store = SyntheticStore(n, device=str(dev), search=search)
@@ -208,8 +208,8 @@ def main(argv=None) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from engine.embedder import resolve_device
-    from engine.query import Engine
+    from qasc.engine.embedder import resolve_device
+    from qasc.engine.query import Engine
 
     device = resolve_device(args.device)
     with_model = not args.no_model
@@ -217,7 +217,7 @@ def main(argv=None) -> dict:
     if args.synthetic:
         search = args.search
         if search == "auto":
-            from engine.store import index as faiss_index
+            from qasc.engine.store import index as faiss_index
 
             try:
                 search = "faiss" if faiss_index.gpu_available() else "torch"
@@ -230,15 +230,15 @@ def main(argv=None) -> dict:
         engine = Engine.open(store, device=str(device))
         source = f"{store} ({engine.n_total:,} sentences, index {engine.store.manifest['index']['kind']})"
     if args.dtype and with_model:
-        from engine.embedder import Embedder
+        from qasc.engine.embedder import Embedder
 
         old = engine.embedder
         engine.embedder = Embedder(old.name, str(device), args.dtype, old.max_length, old.batch_tokens,
                                    old.max_batch_size)
     open_s = time.perf_counter() - t0
     if args.params == "default":
-        from engine.config import RetrievalConfig
-        from kernels.params import QascParams
+        from qasc.engine.config import RetrievalConfig
+        from qasc.kernels.params import QascParams
 
         params, retrieval = QascParams(), RetrievalConfig()
     else:

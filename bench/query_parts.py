@@ -53,10 +53,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     import torch
 
-    from engine.query import CONTEXT_PATHS
-    from kernels.context import best_paths, int8_heading_table, shortlist_top
-    from kernels.gather import gathered_dots
-    from kernels.quantize import int8_products, quantize_rows
+    from qasc.engine.query import CONTEXT_PATHS
+    from qasc.kernels.context import best_paths, int8_heading_table, shortlist_top
+    from qasc.kernels.gather import gathered_dots
+    from qasc.kernels.quantize import int8_products, quantize_rows
 
     args = parse_args(argv)
     g = torch.Generator().manual_seed(0)

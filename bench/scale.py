@@ -59,7 +59,7 @@ def vocabulary(size: int, rng: np.random.Generator) -> np.ndarray:
     """size distinct lowercase words, shuffled into Zipf rank order (object array): 80% whole words of the default
     model's vocab.txt (one token each), 20% pseudo-words of 2-3 syllables (several tokens each), so that a sentence
     has about 1.3 tokens per word as English text does."""
-    from engine.embedder import resolve_model_path
+    from qasc.engine.embedder import resolve_model_path
 
     vocab = Path(resolve_model_path(None)) / "vocab.txt"
     real = sorted({w for w in vocab.read_text(encoding="utf-8").split() if w.isalpha() and w.isascii()
@@ -178,7 +178,7 @@ def tiny_model(work: Path, seed: int) -> Path:
     import torch
     from transformers import BertConfig, BertModel
 
-    from engine.embedder import resolve_model_path
+    from qasc.engine.embedder import resolve_model_path
 
     minilm = Path(resolve_model_path(None))
     tmp = folder.with_name(folder.name + ".tmp")
@@ -204,7 +204,7 @@ class TableEmbedder:
     def __init__(self, model: Path, max_length: int = 256) -> None:
         from safetensors.numpy import load_file
 
-        from engine.tokencap import load_tokenizer
+        from qasc.engine.tokencap import load_tokenizer
 
         self.tokenizer = load_tokenizer(str(model))
         self.table = load_file(str(model / "model.safetensors"))["embeddings.word_embeddings.weight"]  # (V, dim)
@@ -225,8 +225,8 @@ class TableEmbedder:
 
 def ingest_child(spec: dict) -> dict:
     """`--embedder table`: engine.store.ingest in this process with a TableEmbedder (the ingest CLI loads a model)."""
-    from engine.config import EmbedderConfig, EngineConfig
-    from engine.store import IngestConfig, IngestProgress, ingest
+    from qasc.engine.config import EmbedderConfig, EngineConfig
+    from qasc.engine.store import IngestConfig, IngestProgress, ingest
 
     model = Path(spec["model"])
     summary = ingest([spec["corpus"]], spec["store"], EngineConfig(embedder=EmbedderConfig(model=str(model))),
@@ -313,7 +313,7 @@ def ingest_store(corpus: Path, store: Path, model: Path, args: argparse.Namespac
                                          "out": str(store.with_name(store.name + ".ingest.out.json"))}))
         cmd = [sys.executable, "-m", "bench.scale", "--child", str(spec_path)]
     else:
-        cmd = [sys.executable, "-m", "jobs.cli", "ingest", str(corpus / "docs"), "--store", str(store), "--model",
+        cmd = [sys.executable, "-m", "qasc.jobs.cli", "ingest", str(corpus / "docs"), "--store", str(store), "--model",
                str(model), "--index", args.index, "--dtype-store", args.dtype_store, "--no-progress"]
         cmd += ["--local"] if not args.ray else ["--workers", "1"]
         if args.batch_tokens:
@@ -394,7 +394,7 @@ def engine_exact_is_blocked() -> bool:
     """Whether a store opened without its index searches by blocks already (issue 14 item 1: index.exact_topk).
     Before that, index.exact_search builds a dense (Q, N) matrix (8 GB per 2048-query slice at 1M rows), so the
     benchmark swaps in blocked_exact_search."""
-    from engine.store import index
+    from qasc.engine.store import index
 
     return hasattr(index, "exact_topk")
 
@@ -404,8 +404,8 @@ def open_engine(store_dir: Path, exact: bool, nprobe: int | None = None):
     opened without its FAISS index, so that search is exact; nprobe: overrides the IVF index's (None: the store's)."""
     import torch
 
-    from engine.query import Engine
-    from engine.store.reader import Store
+    from qasc.engine.query import Engine
+    from qasc.engine.store.reader import Store
 
     if nprobe and not exact and "nprobe" in inspect.signature(Store.open).parameters:
         store = Store.open(store_dir, load_index=True, nprobe=nprobe)
@@ -447,7 +447,7 @@ def stream_results(engine, query_emb, path: Path, slice_size: int, texts: list[s
     """Results of query_emb written to path (.parquet) -> rows written. Engine.query_batches + jobs.results.
     ResultWriter (row groups as slices finish) when present, else today's path: query_embedded, rows, write_results
     (everything collected before the write)."""
-    from jobs import results
+    from qasc.jobs import results
 
     if hasattr(engine, "query_batches") and hasattr(results, "ResultWriter"):
         n = 0
@@ -463,8 +463,8 @@ def stream_results(engine, query_emb, path: Path, slice_size: int, texts: list[s
 
 
 def query_api() -> str:
-    from engine.query import Engine
-    from jobs import results
+    from qasc.engine.query import Engine
+    from qasc.jobs import results
 
     return ("query_batches" if hasattr(Engine, "query_batches") else "query_embedded") + (
         "+ResultWriter" if hasattr(results, "ResultWriter") else "+write_results")
@@ -477,7 +477,7 @@ def query_child(spec: dict) -> dict:
     """One query process (mode exact | ivf): open, warm up, time --repeats runs, save hits; ivf also streams."""
     import torch
 
-    from engine.config import budget_setting
+    from qasc.engine.config import budget_setting
 
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
@@ -570,7 +570,7 @@ def run_query_child(mode: str, store: Path, work: Path, n_queries: int, stream: 
 def recall_at_depth(approx: np.ndarray, exact: np.ndarray) -> float:
     """approx, exact (Q, k) int64 rows (-1 = none) -> mean share of each query's exact hits found by approx, over
     the first min(Q) queries (engine.store.index.recall_at_depth where it exists, the same measure)."""
-    from engine.store import index
+    from qasc.engine.store import index
 
     q = min(len(approx), len(exact))
     if hasattr(index, "recall_at_depth"):
@@ -592,14 +592,14 @@ def quality_check(work: Path, args: argparse.Namespace) -> dict:
         return {"skipped": f"no chroma_general corpora under {folder}"}
     import torch
 
-    from engine.query import Engine
-    from engine.store.reader import Store
+    from qasc.engine.query import Engine
+    from qasc.engine.store.reader import Store
 
     store = work / ("quality-" + "-".join(p.stem for p in files) + "-ivf")
     t0 = time.perf_counter()
     if not (store / "manifest.json").is_file():
         shutil.rmtree(store, ignore_errors=True)
-        run_child([sys.executable, "-m", "jobs.cli", "ingest", *map(str, files), "--store", str(store), "--local",
+        run_child([sys.executable, "-m", "qasc.jobs.cli", "ingest", *map(str, files), "--store", str(store), "--local",
                    "--index", "ivf", "--no-progress"], work / "quality-ingest.log")
     ingest_s = time.perf_counter() - t0
     ivf = Engine.open(str(store), device="cpu")

@@ -31,9 +31,9 @@ RRF_DEPTH = 100
 
 
 def load_sets(names, cache_dir: str, log):
-    from jobs.eval.data import load_dataset
-    from jobs.eval.harness import default_engine_factory, make_embedder, query_embeddings, resolve_eval_dtype
-    from jobs.eval.retrieval import EvalCache
+    from qasc.jobs.eval.data import load_dataset
+    from qasc.jobs.eval.harness import default_engine_factory, make_embedder, query_embeddings, resolve_eval_dtype
+    from qasc.jobs.eval.retrieval import EvalCache
 
     embedder = make_embedder("cpu", "fast")
     dtype = resolve_eval_dtype("cpu", "fast")  # the harness's rule: the same cached stores as `qasc eval`
@@ -49,13 +49,13 @@ def load_sets(names, cache_dir: str, log):
 
 
 def f1_of(hits_per_q, questions) -> np.ndarray:
-    from jobs.eval.harness import score_hits
+    from qasc.jobs.eval.harness import score_hits
 
     return score_hits(hits_per_q, questions)["f1"]
 
 
 def run_variant(engine, qemb, ds, params, retrieval) -> np.ndarray:
-    from jobs.eval.qasc import chunks_to_hits, torch_threads
+    from qasc.jobs.eval.qasc import chunks_to_hits, torch_threads
 
     texts = [q.text for q in ds.questions]
     with torch_threads(1):
@@ -101,7 +101,7 @@ def rrf_of(a, b):
 def headed_bm25(engine, questions):
     """BM25 over each sentence prefixed by its heading path ("contextual chunk headers"; the text alone without
     one) -> (Q, N) scores."""
-    from engine.lexical import LexicalIndex
+    from qasc.engine.lexical import LexicalIndex
 
     table, headings = engine.row_table, engine.heading_tensors()
     paths = list(getattr(engine.store, "heading_paths", []))

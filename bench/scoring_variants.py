@@ -6,8 +6,8 @@ the code before they became the model's form: bench/RESULTS.md, "One scoring mod
 
 from __future__ import annotations
 
-from engine.config import RetrievalConfig
-from kernels.params import QascParams
+from qasc.engine.config import RetrievalConfig
+from qasc.kernels.params import QascParams
 
 
 def _v(retrieval: dict | None = None, **params):

@@ -70,7 +70,7 @@ def store_rows(path: str, n_queries: int, log) -> tuple[torch.Tensor, np.ndarray
     """A committed ivf store -> rows (N, D) float32, queries (n_queries, D) float32 (bench.scale's noisy copies of
     stored rows, as bench.ivf_sweep), the store (its `index`: the SQ8 index, lists mapped from the file)."""
     from bench.scale import noisy_queries, spread
-    from engine.store.reader import Store
+    from qasc.engine.store.reader import Store
 
     t = time.perf_counter()
     store = Store.open(path, load_index=True)
@@ -85,10 +85,10 @@ def main(argv=None) -> int:
     import faiss
     from faiss.contrib.big_batch_search import big_batch_search
 
-    from engine.store.index import exact_topk, rerank
+    from qasc.engine.store.index import exact_topk, rerank
 
     try:  # the torch scan the engine used until issue 44 (removed; see the docstring)
-        from kernels.ivf_scan import ivf_vectors_topk
+        from qasc.kernels.ivf_scan import ivf_vectors_topk
     except ImportError:
         ivf_vectors_topk = None
 

@@ -63,7 +63,7 @@ def ours_splitter(line_breaks: str | None = None) -> Callable[[str], Spans]:
     """engine.splitter.split_sentences with its default config, or with another Punkt line_breaks mode."""
 
     def split(text: str) -> Spans:
-        from engine.splitter import SplitterConfig, split_sentences
+        from qasc.engine.splitter import SplitterConfig, split_sentences
 
         s = split_sentences(text, config=SplitterConfig(line_breaks=line_breaks) if line_breaks else None)
         return list(zip(s.char_start.tolist(), s.char_end.tolist(), strict=True))

@@ -11,16 +11,16 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Chunk": "engine.types",
-    "EmbedderConfig": "engine.config",
-    "Embedder": "engine.embedder",
-    "EngineConfig": "engine.config",
-    "QascParams": "kernels.params",
-    "RetrievalConfig": "engine.config",
-    "Sentences": "engine.types",
-    "SplitterConfig": "engine.splitter",
-    "chunk": "engine.chunker",
-    "split_sentences": "engine.splitter",
+    "Chunk": "qasc.engine.types",
+    "EmbedderConfig": "qasc.engine.config",
+    "Embedder": "qasc.engine.embedder",
+    "EngineConfig": "qasc.engine.config",
+    "QascParams": "qasc.kernels.params",
+    "RetrievalConfig": "qasc.engine.config",
+    "Sentences": "qasc.engine.types",
+    "SplitterConfig": "qasc.engine.splitter",
+    "chunk": "qasc.engine.chunker",
+    "split_sentences": "qasc.engine.splitter",
 }
 
 __all__ = sorted(_EXPORTS)

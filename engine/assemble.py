@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from engine.columns import results_schema
-from engine.types import Chunk, Sentences
-from kernels.pipeline import QascBatch
+from qasc.engine.columns import results_schema
+from qasc.engine.types import Chunk, Sentences
+from qasc.kernels.pipeline import QascBatch
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from engine.assemble import RowTable, assemble_chunks
-from engine.config import EngineConfig
-from engine.embedder import Embedder
-from engine.splitter import split_sentences
-from engine.tokencap import DEFAULT_MAX_SENTENCE_TOKENS, cap_tokens
-from engine.types import Chunk, Sentences, check_query_list
-from kernels.extents import block_stats, neighbour_dots
-from kernels.pipeline import run_qasc
+from qasc.engine.assemble import RowTable, assemble_chunks
+from qasc.engine.config import EngineConfig
+from qasc.engine.embedder import Embedder
+from qasc.engine.splitter import split_sentences
+from qasc.engine.tokencap import DEFAULT_MAX_SENTENCE_TOKENS, cap_tokens
+from qasc.engine.types import Chunk, Sentences, check_query_list
+from qasc.kernels.extents import block_stats, neighbour_dots
+from qasc.kernels.pipeline import run_qasc
 
 
 def embedder_from(config: EngineConfig) -> Embedder:

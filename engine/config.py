@@ -6,10 +6,10 @@ import json
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 
-from engine.errors import QascError
-from engine.presets import PRESET_FIELDS, PRESETS, choose
-from engine.splitter import SplitterConfig
-from kernels.params import QascParams
+from qasc.engine.errors import QascError
+from qasc.engine.presets import PRESET_FIELDS, PRESETS, choose
+from qasc.engine.splitter import SplitterConfig
+from qasc.kernels.params import QascParams
 
 
 @dataclass(frozen=True)

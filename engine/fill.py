@@ -17,15 +17,15 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from engine.assemble import ChunkColumns, RowTable
-from engine.lexical import LexicalIndex, TermCounts
-from engine.passages import Passages, fill_budget
-from engine.store.index import exact_topk
-from kernels.context import heading_gate
-from kernels.gather import gathered_dots
-from kernels.lexical import lexical_scores
-from kernels.params import QascParams
-from kernels.signals import normalised_lexical, row_scores
+from qasc.engine.assemble import ChunkColumns, RowTable
+from qasc.engine.lexical import LexicalIndex, TermCounts
+from qasc.engine.passages import Passages, fill_budget
+from qasc.engine.store.index import exact_topk
+from qasc.kernels.context import heading_gate
+from qasc.kernels.gather import gathered_dots
+from qasc.kernels.lexical import lexical_scores
+from qasc.kernels.params import QascParams
+from qasc.kernels.signals import normalised_lexical, row_scores
 
 PASSAGE_POOL = 64  # passages re-ranked per query: the best by cosine
 PASSAGE_BLOCK_ELEMENTS = 1 << 24  # cosine scan: about this many scores held at once

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TypeVar
 
-from kernels.params import QascParams
+from qasc.kernels.params import QascParams
 
 # an engine.config.RetrievalConfig (engine.config imports this module, so this one names it only as a type variable;
 # its shipped defaults are type(retrieval)())

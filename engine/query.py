@@ -21,24 +21,24 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from engine.assemble import ChunkColumns, assemble_columns
-from engine.config import EngineConfig, RetrievalConfig
-from engine.embedder import Embedder
-from engine.errors import QascError
-from engine.fill import fill_columns
-from engine.retrieval import CONTEXT_PATH_ROWS, CONTEXT_PATHS, CONTEXT_POOL, FILL_ROWS, Retrieval  # noqa: F401
-from engine.signals import HeadingGate, LexicalTerm  # noqa: F401  (the engine's API)
-from engine.tables import BLOCK_ROWS_MAX, STATS_BLOCK_ROWS, store_vectors  # noqa: F401
-from engine.threads import ThreadGovernor
-from engine.types import Chunk, check_query_list
-from kernels.candidates import CandidateRows, candidate_rows
-from kernels.params import QascParams
-from kernels.pipeline import QascBatch, run_qasc
+from qasc.engine.assemble import ChunkColumns, assemble_columns
+from qasc.engine.config import EngineConfig, RetrievalConfig
+from qasc.engine.embedder import Embedder
+from qasc.engine.errors import QascError
+from qasc.engine.fill import fill_columns
+from qasc.engine.retrieval import CONTEXT_PATH_ROWS, CONTEXT_PATHS, CONTEXT_POOL, FILL_ROWS, Retrieval  # noqa: F401
+from qasc.engine.signals import HeadingGate, LexicalTerm  # noqa: F401  (the engine's API)
+from qasc.engine.tables import BLOCK_ROWS_MAX, STATS_BLOCK_ROWS, store_vectors  # noqa: F401
+from qasc.engine.threads import ThreadGovernor
+from qasc.engine.types import Chunk, check_query_list
+from qasc.kernels.candidates import CandidateRows, candidate_rows
+from qasc.kernels.params import QascParams
+from qasc.kernels.pipeline import QascBatch, run_qasc
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from engine.store.search import IvfSettings
+    from qasc.engine.store.search import IvfSettings
 
 MAX_QUERY_CHARS = 10_000
 DEFAULT_SLICE_SIZE = 2048  # queries per slice: embedded, answered and yielded (written) together
@@ -91,9 +91,9 @@ class Engine(Retrieval):
 
         ivf: how an ivf store is searched (engine.store.search.IvfSettings: nprobe, max_codes; default the
         store's, docs/store.md "Indexes"); nprobe: the same as ivf=IvfSettings(nprobe) (either, not both)."""
-        from engine.embedder import resolve_device
-        from engine.store import read_manifest
-        from engine.store.reader import Store
+        from qasc.engine.embedder import resolve_device
+        from qasc.engine.store import read_manifest
+        from qasc.engine.store.reader import Store
 
         stored = EngineConfig.from_dict(read_manifest(Path(store_dir).expanduser().absolute()).get("config", {}))
         config = config or stored

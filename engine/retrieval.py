@@ -12,12 +12,12 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.config import RetrievalConfig
-from engine.fill import FillUnits, merge_units
-from engine.signals import HeadingGate, LexicalTerm, RowSignals
-from kernels.context import best_paths, heading_gate, packed_path_rows
-from kernels.params import QascParams
-from kernels.signals import ScoringModel
+from qasc.engine.config import RetrievalConfig
+from qasc.engine.fill import FillUnits, merge_units
+from qasc.engine.signals import HeadingGate, LexicalTerm, RowSignals
+from qasc.kernels.context import best_paths, heading_gate, packed_path_rows
+from qasc.kernels.params import QascParams
+from qasc.kernels.signals import ScoringModel
 
 CONTEXT_POOL = 32  # heading context: the gate's pool, the top rows by raw cosine
 FILL_ROWS = 16  # budget fill: the single rows that compete with the passages (the pre-retrieval's best)

@@ -11,12 +11,12 @@ from typing import NamedTuple
 
 import torch
 
-from engine.errors import QascError
-from engine.tables import StoreTables
-from kernels.gather import gathered_dots, segment_first
-from kernels.lexical import lexical_scores
-from kernels.params import QascParams
-from kernels.signals import RowScores, ScoringModel, normalised_lexical, row_scores
+from qasc.engine.errors import QascError
+from qasc.engine.tables import StoreTables
+from qasc.kernels.gather import gathered_dots, segment_first
+from qasc.kernels.lexical import lexical_scores
+from qasc.kernels.params import QascParams
+from qasc.kernels.signals import RowScores, ScoringModel, normalised_lexical, row_scores
 
 
 class LexicalTerm(NamedTuple):

@@ -16,7 +16,7 @@ from importlib.metadata import version
 
 import numpy as np
 
-from engine.types import Sentences
+from qasc.engine.types import Sentences
 
 HEADING = re.compile(r"(?:#{1,6}\s+\S.*|\s*=+ [^\n]* =+\s*)$")
 BLANK_LINE = re.compile(r"\n[ \t]*\n")

@@ -18,14 +18,14 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from engine.assemble import RowTable
-from engine.cpu import cpu_has_int8_dot, cpu_has_native_bf16
-from engine.errors import QascError
-from engine.fill import PassageTier
-from engine.lexical import LexicalIndex
-from engine.types import Sentences
-from kernels.context import int8_heading_table
-from kernels.extents import block_stats, neighbour_dots
+from qasc.engine.assemble import RowTable
+from qasc.engine.cpu import cpu_has_int8_dot, cpu_has_native_bf16
+from qasc.engine.errors import QascError
+from qasc.engine.fill import PassageTier
+from qasc.engine.lexical import LexicalIndex
+from qasc.engine.types import Sentences
+from qasc.kernels.context import int8_heading_table
+from qasc.kernels.extents import block_stats, neighbour_dots
 
 STATS_BLOCK_ROWS = 16384  # store rows per block of the query-independent stats (cast to float32 per block)
 BLOCK_ROWS_MAX = 32  # whole blocks brought into the candidate region: at most this many rows (and the token cap)
@@ -210,7 +210,7 @@ class StoreTables:
         A level-1 heading titles a document (an article, a paper, a policy); the text under it alone is that
         document's, not a section of it, so it is never a whole-block extent (bench/RESULTS.md, "One scoring
         model"). Built once."""
-        from engine.splitter import PATH_SEP
+        from qasc.engine.splitter import PATH_SEP
 
         headings = self.heading_tensors()
         if headings is None:

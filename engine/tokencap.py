@@ -12,9 +12,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from engine.errors import QascError, first_line
-from engine.splitter import trim_span
-from engine.types import Sentences
+from qasc.engine.errors import QascError, first_line
+from qasc.engine.splitter import trim_span
+from qasc.engine.types import Sentences
 
 DEFAULT_MAX_SENTENCE_TOKENS = 128
 
@@ -25,7 +25,7 @@ def load_tokenizer(model: str | None):
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from engine.embedder import resolve_model_path
+    from qasc.engine.embedder import resolve_model_path
 
     hf_logging.set_verbosity_error()  # "sequence longer than max length" is expected: we count, then cut
     try:

@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from jobs.env import set_env_defaults
+from qasc.jobs.env import set_env_defaults
 
 COMMANDS = {
     "demo": "run the main job on the built-in demo corpus and print the top chunks",
@@ -22,9 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, help_text in COMMANDS.items():
         try:
-            module = importlib.import_module(f"jobs.{name}_cmd")
+            module = importlib.import_module(f"qasc.jobs.{name}_cmd")
         except ModuleNotFoundError as exc:
-            if exc.name != f"jobs.{name}_cmd":
+            if exc.name != f"qasc.jobs.{name}_cmd":
                 raise
             continue
         p = sub.add_parser(name, help=help_text, description=help_text)
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     set_env_defaults()
-    from engine.errors import QascError
+    from qasc.engine.errors import QascError
 
     parser = build_parser()
     args = parser.parse_args(argv)

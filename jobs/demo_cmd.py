@@ -7,7 +7,7 @@ import tempfile
 import time
 from importlib.resources import files
 
-from jobs.devices import add_device_argument
+from qasc.jobs.devices import add_device_argument
 
 DEMO_QUESTIONS = [
     "How long should sourdough dough proof, and at what temperature is it baked?",
@@ -24,9 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.query import Engine
-    from engine.store import IngestProgress, ingest
-    from jobs.results import print_table
+    from qasc.engine.query import Engine
+    from qasc.engine.store import IngestProgress, ingest
+    from qasc.jobs.results import print_table
 
     corpus = files("engine") / "data" / "demo"
     started = time.perf_counter()

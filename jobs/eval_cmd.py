@@ -7,10 +7,10 @@ import json
 import os
 from pathlib import Path
 
-from engine.errors import QascError
-from jobs.devices import add_device_argument
-from jobs.eval.baselines import DEFAULT_METHODS
-from jobs.eval.harness import DEFAULT_CACHE_DIR, QUICK_CORPORA, EvalConfig, check_methods, run_eval
+from qasc.engine.errors import QascError
+from qasc.jobs.devices import add_device_argument
+from qasc.jobs.eval.baselines import DEFAULT_METHODS
+from qasc.jobs.eval.harness import DEFAULT_CACHE_DIR, QUICK_CORPORA, EvalConfig, check_methods, run_eval
 
 DATA_ENV = "QASC_EVAL_DATA"
 
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     names = [Path(d).name for d in dirs]
     if len(set(names)) != len(names):
         raise QascError(f"data sets must have distinct folder names, got {names}")
-    from jobs.eval.data import load_dataset
+    from qasc.jobs.eval.data import load_dataset
 
     for d in dirs:  # every set read and checked (files, utf-8, rows, offsets) before the first one's work starts
         load_dataset(d)
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype, grid=args.grid, baseline_context=args.baseline_context,
     )
     if len(dirs) > 1:
-        from jobs.eval.suite import run_suite
+        from qasc.jobs.eval.suite import run_suite
 
         results = run_suite(cfg, dirs)
         held, sets = results["heldout"], list(results["sets"])

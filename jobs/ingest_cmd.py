@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 
-from engine.errors import QascError
-from engine.store.index import AUTO_FLAT_MAX, KINDS
-from engine.store.ingest import DEFAULT_SHARD_CHARS, DEFAULT_UNIT_BYTES
-from engine.store.inputs import ENCODING_ERRORS
-from engine.store.schema import STORE_DTYPES
-from jobs.devices import add_device_argument
+from qasc.engine.errors import QascError
+from qasc.engine.store.index import AUTO_FLAT_MAX, KINDS
+from qasc.engine.store.ingest import DEFAULT_SHARD_CHARS, DEFAULT_UNIT_BYTES
+from qasc.engine.store.inputs import ENCODING_ERRORS
+from qasc.engine.store.schema import STORE_DTYPES
+from qasc.jobs.devices import add_device_argument
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,9 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_config(args: argparse.Namespace):
     """Flags -> EngineConfig: the store's config (or the defaults) with every given flag applied."""
-    from engine.config import EmbedderConfig, EngineConfig
-    from engine.splitter import SplitterConfig
-    from engine.store.manifest import existing_manifest
+    from qasc.engine.config import EmbedderConfig, EngineConfig
+    from qasc.engine.splitter import SplitterConfig
+    from qasc.engine.store.manifest import existing_manifest
 
     old = existing_manifest(args.store)
     base = EngineConfig.from_dict(old["config"]) if old else EngineConfig()
@@ -93,7 +93,7 @@ def build_config(args: argparse.Namespace):
 
 def build_settings(args: argparse.Namespace):
     """Flags -> IngestConfig (unset dtype/token cap: the store's setting, resolved by ingest)."""
-    from engine.store import IngestConfig, ReadOptions
+    from qasc.engine.store import IngestConfig, ReadOptions
 
     return IngestConfig(index=args.index, dtype_store=args.dtype_store, max_sentence_tokens=args.max_sentence_tokens,
                         passage_tokens=args.passage_tokens, shard_chars=args.shard_chars, unit_bytes=args.unit_bytes,
@@ -108,13 +108,13 @@ def build_runner(args: argparse.Namespace):
         if args.workers > 1:
             raise QascError(f"--workers {args.workers} needs Ray; drop --local (the local path runs one embedder)")
         return None
-    from jobs.ingest_ray import RayRunner
+    from qasc.jobs.ingest_ray import RayRunner
 
     return RayRunner(workers=args.workers, ray_address=args.ray_address)
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.store import IngestProgress, ingest, summary_line
+    from qasc.engine.store import IngestProgress, ingest, summary_line
 
     config, settings, runner = build_config(args), build_settings(args), build_runner(args)
     summary = ingest(args.paths, args.store, config, settings, runner=runner, progress=IngestProgress(args.progress))

@@ -25,9 +25,9 @@ from typing import NoReturn
 
 import numpy as np
 
-from engine.errors import QascError
-from engine.store import IngestContext, InputUnit, ResumableError
-from jobs.ray_session import connect
+from qasc.engine.errors import QascError
+from qasc.engine.store import IngestContext, InputUnit, ResumableError
+from qasc.jobs.ray_session import connect
 
 MAX_RESTARTS = 3  # an embedding actor killed mid-job is restarted this many times
 MAX_TASK_RETRIES = 3  # and its shard retried on the new actor
@@ -37,8 +37,8 @@ FAULT_MARKER_ENV = "QASC_RAY_FAULT_MARKER"  # test only: the first embedding cal
 def read_split(row: dict, ctx: IngestContext, done: Mapping[int, Collection[int]]) -> Iterator[dict]:
     """Ray task (CPU): {unit} -> one row {unit, index, payload=(docs, sentences)} per shard still to embed,
     then {unit, index=-1, payload=the unit's summary}."""
-    from engine.store.stages import split_shard, unit_shards
-    from engine.tokencap import load_tokenizer
+    from qasc.engine.store.stages import split_shard, unit_shards
+    from qasc.engine.tokencap import load_tokenizer
 
     unit: InputUnit = pickle.loads(row["unit"])
     tokenizer = load_tokenizer(ctx.config.embedder.model)
@@ -61,7 +61,7 @@ class EmbedActor:
     def __init__(self, ctx: IngestContext, threads: int, fault_marker: str | None = None) -> None:
         import torch
 
-        from engine.chunker import embedder_from
+        from qasc.engine.chunker import embedder_from
 
         if not torch.cuda.is_available():
             torch.set_num_threads(max(1, min(threads, os.cpu_count() or 1)))
@@ -70,7 +70,7 @@ class EmbedActor:
         self.fault_marker = fault_marker
 
     def __call__(self, batch: dict) -> dict:
-        from engine.store.stages import embed_headings, embed_passages, embed_shard, shard_label, write_shard
+        from qasc.engine.store.stages import embed_headings, embed_passages, embed_shard, shard_label, write_shard
 
         out = []
         for unit, k, payload in zip(batch["unit"].tolist(), batch["index"].tolist(), batch["payload"], strict=True):
@@ -232,8 +232,8 @@ def _build_index_task(root: str, shards: list[dict], old: dict | None, kind: str
     """-> (the index's manifest entry, where it was built: 'node IP, pid N')."""
     import ray
 
-    from engine.store.index import build_index_file
-    from engine.store.progress import log_stderr
+    from qasc.engine.store.index import build_index_file
+    from qasc.engine.store.progress import log_stderr
 
     entry = build_index_file(root, shards, old, kind, dim, index_file, log_stderr)
     return entry, f"node {ray.util.get_node_ip_address()}, pid {os.getpid()}"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
-from engine.config import RetrievalConfig
-from engine.errors import QascError
-from engine.presets import PRESETS, choose, knob_values
-from kernels.params import BLOCK_RULES, EXTENT_RULES, SCORE_RULES, SNAP_RULES, QascParams
+from qasc.engine.config import RetrievalConfig
+from qasc.engine.errors import QascError
+from qasc.engine.presets import PRESETS, choose, knob_values
+from qasc.kernels.params import BLOCK_RULES, EXTENT_RULES, SCORE_RULES, SNAP_RULES, QascParams
 
 QASC_HELP = {
     "percentile": "seed threshold tau = this percentile (0..100) of the query's candidate similarities",

@@ -7,13 +7,13 @@ import sys
 import time
 from pathlib import Path
 
-from engine.errors import QascError
-from engine.presets import PRESETS, describe
-from engine.query import DEFAULT_SLICE_SIZE, MAX_QUERY_CHARS
-from jobs.devices import add_device_argument
-from jobs.params_cli import ADVANCED_DESCRIPTION, ADVANCED_TITLE, add_qasc_arguments, setting_from_args
-from jobs.query_ray import DEFAULT_WORKERS
-from jobs.results import ResultWriter, print_table, rows_to_chunks
+from qasc.engine.errors import QascError
+from qasc.engine.presets import PRESETS, describe
+from qasc.engine.query import DEFAULT_SLICE_SIZE, MAX_QUERY_CHARS
+from qasc.jobs.devices import add_device_argument
+from qasc.jobs.params_cli import ADVANCED_DESCRIPTION, ADVANCED_TITLE, add_qasc_arguments, setting_from_args
+from qasc.jobs.query_ray import DEFAULT_WORKERS
+from qasc.jobs.results import ResultWriter, print_table, rows_to_chunks
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -155,11 +155,11 @@ def read_queries(path: str) -> tuple[list[str], list[str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.config import EngineConfig
-    from engine.embedder import resolve_device
-    from engine.query import Engine
-    from engine.store import read_manifest
-    from engine.store.search import IvfSettings
+    from qasc.engine.config import EngineConfig
+    from qasc.engine.embedder import resolve_device
+    from qasc.engine.query import Engine
+    from qasc.engine.store import read_manifest
+    from qasc.engine.store.search import IvfSettings
 
     if args.question is not None:
         if not args.question.strip():
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"qasc query: {describe(preset, params, retrieval)}", file=sys.stderr)
     started = time.perf_counter()
     if ray:
-        from jobs.query_ray import run_query_job
+        from qasc.jobs.query_ray import run_query_job
 
         batches = run_query_job(args.store, ids, questions, params, retrieval, workers=workers,
                                 ray_address=args.ray_address, device=args.device, slice_size=args.batch_size)

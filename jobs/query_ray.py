@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from engine.config import RetrievalConfig
-from engine.errors import QascError
-from engine.query import DEFAULT_SLICE_SIZE
-from jobs.ray_session import actor_placement, connect
-from kernels.params import QascParams
+from qasc.engine.config import RetrievalConfig
+from qasc.engine.errors import QascError
+from qasc.engine.query import DEFAULT_SLICE_SIZE
+from qasc.jobs.ray_session import actor_placement, connect
+from qasc.kernels.params import QascParams
 
 DEFAULT_WORKERS = 2  # query actors
 DEFAULT_SHARD_SIZE = 512  # queries per actor call
@@ -29,7 +29,7 @@ class QueryActor:
 
     def __init__(self, store: str, params: dict, retrieval: dict, device: str,
                  slice_size: int = DEFAULT_SLICE_SIZE) -> None:
-        from engine.query import Engine
+        from qasc.engine.query import Engine
 
         self.engine = Engine.open(store, device=device)
         self.params = QascParams(**params)
@@ -40,7 +40,7 @@ class QueryActor:
         import numpy as np
         import pyarrow as pa
 
-        from engine.columns import results_schema
+        from qasc.engine.columns import results_schema
 
         questions = [str(q) for q in batch["question"]]
         ids = [str(i) for i in batch["query_id"]]
@@ -70,7 +70,7 @@ def run_query_job(
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
-    from engine.columns import results_schema
+    from qasc.engine.columns import results_schema
 
     if len(ids) != len(questions):
         raise QascError(f"{len(ids)} query ids for {len(questions)} questions")

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from engine.columns import results_schema
-from engine.config import RetrievalConfig
-from engine.errors import QascError
-from jobs.env import set_env_defaults
-from kernels.params import QascParams
+from qasc.engine.columns import results_schema
+from qasc.engine.config import RetrievalConfig
+from qasc.engine.errors import QascError
+from qasc.jobs.env import set_env_defaults
+from qasc.kernels.params import QascParams
 
 RETRIEVAL_KEYS = tuple(RetrievalConfig.__dataclass_fields__)
 
@@ -52,7 +52,7 @@ class QascQuery:
     def __init__(self, store: str, device: str = "auto", params: QascParams | dict | None = None,
                  retrieval: RetrievalConfig | dict | None = None, **overrides: object) -> None:
         set_env_defaults()
-        from engine.query import Engine
+        from qasc.engine.query import Engine
 
         self.engine = Engine.open(str(store), device=device)
         stored = self.engine.config

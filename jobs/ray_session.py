@@ -15,8 +15,8 @@ import re
 import socket
 from collections.abc import Mapping
 
-from engine.errors import QascError
-from jobs.env import set_env_defaults
+from qasc.engine.errors import QascError
+from qasc.jobs.env import set_env_defaults
 
 JOB_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # set by Ray's job supervisor in the environment of a submitted driver
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

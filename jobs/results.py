@@ -13,9 +13,9 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from engine.columns import RESULT_COLUMNS, results_schema
-from engine.errors import QascError
-from engine.types import Chunk
+from qasc.engine.columns import RESULT_COLUMNS, results_schema
+from qasc.engine.errors import QascError
+from qasc.engine.types import Chunk
 
 OUT_SUFFIXES = (".jsonl", ".parquet")
 ROW_GROUP_ROWS = 16384  # a Parquet row group holds at least this many rows (except the last)

@@ -12,8 +12,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from engine.errors import QascError
-    from engine.store import verify_store
+    from qasc.engine.errors import QascError
+    from qasc.engine.store import verify_store
 
     if args.sample < 1:
         raise QascError(f"--sample must be >= 1, got {args.sample}")

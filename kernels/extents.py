@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.runs import positions_like, region_keys, run_bounds
+from qasc.kernels.runs import positions_like, region_keys, run_bounds
 
 
 def neighbour_dots(vectors: torch.Tensor, width: int, block_rows: int = 65536) -> torch.Tensor:

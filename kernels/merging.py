@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.runs import positions_like, region_keys, run_bounds
+from qasc.kernels.runs import positions_like, region_keys, run_bounds
 
 
 def coverage(kept: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:

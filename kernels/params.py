@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
-from kernels.signals import ScoringModel
+from qasc.kernels.signals import ScoringModel
 
 SCORE_RULES = ("seed_sim", "window_max", "window_mean")
 SNAP_RULES = ("none", "paragraph", "section")

@@ -7,9 +7,9 @@ from types import ModuleType
 
 import torch
 
-from kernels import extents, merging, seeding, selection, snapping, windows
-from kernels.params import QascParams
-from kernels.runs import combine_keys, region_keys
+from qasc.kernels import extents, merging, seeding, selection, snapping, windows
+from qasc.kernels.params import QascParams
+from qasc.kernels.runs import combine_keys, region_keys
 
 
 @dataclass(frozen=True)

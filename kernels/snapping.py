@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from kernels.merging import segment_spans
-from kernels.runs import combine_keys, positions_like, region_keys, run_bounds
+from qasc.kernels.merging import segment_spans
+from qasc.kernels.runs import combine_keys, positions_like, region_keys, run_bounds
 
 
 def snap_to_blocks(

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from kernels.runs import positions_like, region_keys, run_bounds
+from qasc.kernels.runs import positions_like, region_keys, run_bounds
 
 
 def _neighbours(x: torch.Tensor, radius: int, fill: float | int) -> torch.Tensor:

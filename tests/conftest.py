@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from jobs.env import set_env_defaults
+from qasc.jobs.env import set_env_defaults
 
 set_env_defaults()
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests use the bundled model only
@@ -27,7 +27,7 @@ CHROMA = Path(os.environ.get("QASC_CHROMA_DIR", REPO.parent / "shared" / "data" 
 
 @pytest.fixture(scope="session")
 def embedder():
-    from engine.embedder import Embedder
+    from qasc.engine.embedder import Embedder
 
     return Embedder(device="cpu")
 
@@ -46,7 +46,7 @@ def ray_session():
 @pytest.fixture(scope="session")
 def demo_store(tmp_path_factory) -> Path:
     """The built-in demo corpus ingested locally (no Ray)."""
-    from engine.store import ingest
+    from qasc.engine.store import ingest
 
     path = tmp_path_factory.mktemp("demo") / "store"
     ingest([str(DEMO_CORPUS)], str(path))
@@ -58,7 +58,7 @@ def chroma_store(tmp_path_factory) -> Path:
     """chroma_general ingested locally (about a minute on 2 cores); skipped without ../shared."""
     if not (CHROMA / "corpora").is_dir():
         pytest.skip(f"chroma_general not found at {CHROMA}")
-    from engine.store import ingest
+    from qasc.engine.store import ingest
 
     path = tmp_path_factory.mktemp("chroma") / "store"
     ingest([str(CHROMA / "corpora")], str(path))
@@ -72,7 +72,7 @@ def tiny_model(tmp_path_factory) -> str:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from engine.embedder import resolve_model_path
+    from qasc.engine.embedder import resolve_model_path
 
     path = tmp_path_factory.mktemp("tiny_model")
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(None))

@@ -104,7 +104,7 @@ def test_a_name_of_hugging_faces_kernels_package_gets_a_clear_error(monkeypatch)
     it is installed, transformers gets ours and asks it for names it lacks: the error says why and what to do."""
     import importlib.metadata as metadata
 
-    import kernels
+    from qasc import kernels
 
     real = metadata.version
 
@@ -118,5 +118,5 @@ def test_a_name_of_hugging_faces_kernels_package_gets_a_clear_error(monkeypatch)
         kernels.CUDAProperties  # noqa: B018 (no such distribution: a plain AttributeError)
     monkeypatch.setattr(metadata, "version", lambda name: "0.19.1" if name == "kernels" else real(name))
     with pytest.raises(ImportError, match=r"Hugging Face's PyPI package `kernels` 0.19.1 .* transformers < 5.25"):
-        from kernels import CUDAProperties  # noqa: F401
+        from qasc.kernels import CUDAProperties  # noqa: F401
     assert not hasattr(kernels, "__wrapped__")  # private and dunder names stay plain AttributeErrors

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.config import RetrievalConfig
-from kernels.params import QascParams
+from qasc.engine.config import RetrievalConfig
+from qasc.kernels.params import QascParams
 
 if TYPE_CHECKING:
-    from engine.query import Engine
-    from engine.types import Chunk
+    from qasc.engine.query import Engine
+    from qasc.engine.types import Chunk
 
 # uuid5 namespace of chunk ids: uuid5(NAMESPACE_URL, "https://github.com/qasc/qasc#chunk"), fixed forever.
 CHUNK_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://github.com/qasc/qasc#chunk")
@@ -53,7 +53,7 @@ class ChunkSource:
         if retrieval is not None and not isinstance(retrieval, RetrievalConfig):
             raise TypeError(f"retrieval must be an engine.config.RetrievalConfig, got {type(retrieval).__name__}")
         if engine is None:
-            from engine.query import Engine
+            from qasc.engine.query import Engine
 
             engine = Engine.open(str(store), device=device)
         self.engine = engine

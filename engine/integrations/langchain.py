@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine.integrations import ChunkSource, missing_extra
+from qasc.engine.integrations import ChunkSource, missing_extra
 
 try:
     from langchain_core.callbacks import CallbackManager, CallbackManagerForRetrieverRun
@@ -22,10 +22,10 @@ try:
 except ImportError as exc:
     raise missing_extra("langchain", "langchain-core", exc) from None
 
-from engine.config import RetrievalConfig
-from engine.query import Engine
-from engine.types import Chunk
-from kernels.params import QascParams
+from qasc.engine.config import RetrievalConfig
+from qasc.engine.query import Engine
+from qasc.engine.types import Chunk
+from qasc.kernels.params import QascParams
 
 
 class QascRetriever(BaseRetriever):

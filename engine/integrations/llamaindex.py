@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.integrations import POSITION_KEYS, ChunkSource, missing_extra
+from qasc.engine.integrations import POSITION_KEYS, ChunkSource, missing_extra
 
 try:
     from llama_index.core.callbacks import CallbackManager
@@ -20,10 +20,10 @@ try:
 except ImportError as exc:
     raise missing_extra("llamaindex", "llama-index-core", exc) from None
 
-from engine.config import RetrievalConfig
-from engine.query import Engine
-from engine.types import Chunk
-from kernels.params import QascParams
+from qasc.engine.config import RetrievalConfig
+from qasc.engine.query import Engine
+from qasc.engine.types import Chunk
+from qasc.kernels.params import QascParams
 
 
 class QascRetriever(BaseRetriever):

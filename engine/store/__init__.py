@@ -12,9 +12,9 @@
     verify    `verify_store`: every integrity check
 """
 
-from engine.store.files import ResumableError, file_digest
-from engine.store.index import exact_search, exact_topk, recall_at_depth
-from engine.store.ingest import (
+from qasc.engine.store.files import ResumableError, file_digest
+from qasc.engine.store.index import exact_search, exact_topk, recall_at_depth
+from qasc.engine.store.ingest import (
     DEFAULT_SHARD_CHARS,
     DEFAULT_UNIT_BYTES,
     IngestConfig,
@@ -22,13 +22,13 @@ from engine.store.ingest import (
     ingest_table,
     summary_line,
 )
-from engine.store.inputs import Document, InputUnit, ReadOptions, Segment
-from engine.store.manifest import existing_manifest, read_manifest
-from engine.store.progress import IngestProgress
-from engine.store.reader import Store
-from engine.store.schema import DOCUMENTS_SCHEMA, SENTENCE_COLUMNS, sentences_schema
-from engine.store.stages import IngestContext, LocalRunner, ShardRunner
-from engine.store.verify import verify_store
+from qasc.engine.store.inputs import Document, InputUnit, ReadOptions, Segment
+from qasc.engine.store.manifest import existing_manifest, read_manifest
+from qasc.engine.store.progress import IngestProgress
+from qasc.engine.store.reader import Store
+from qasc.engine.store.schema import DOCUMENTS_SCHEMA, SENTENCE_COLUMNS, sentences_schema
+from qasc.engine.store.stages import IngestContext, LocalRunner, ShardRunner
+from qasc.engine.store.verify import verify_store
 
 __all__ = [
     "DEFAULT_SHARD_CHARS",

@@ -20,8 +20,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.errors import QascError, first_line
-from engine.store.schema import LOCK
+from qasc.engine.errors import QascError, first_line
+from qasc.engine.store.schema import LOCK
 
 
 class ResumableError(QascError):

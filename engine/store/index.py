@@ -22,11 +22,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from engine.errors import QascError
-from engine.store.files import ResumableError, atomic_write_with, file_digest, read_table
-from engine.store.schema import embeddings_of
-from kernels.gather import gathered_dots
-from kernels.quantize import row_top_k
+from qasc.engine.errors import QascError
+from qasc.engine.store.files import ResumableError, atomic_write_with, file_digest, read_table
+from qasc.engine.store.schema import embeddings_of
+from qasc.kernels.gather import gathered_dots
+from qasc.kernels.quantize import row_top_k
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
 AUTO_FLAT_MAX = 200_000  # rows; exact search over more than this is slower than an IVF probe

@@ -22,8 +22,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.errors import QascError
-from engine.store.files import ResumableError
+from qasc.engine.errors import QascError
+from qasc.engine.store.files import ResumableError
 
 INDEX_CHILD_MIN_ROWS = 100_000  # local ingest: stores this large get their index from a child process
 ERRORS = {"QascError": QascError, "ResumableError": ResumableError}
@@ -64,8 +64,8 @@ def build_in_child(root: str, shards: list[dict], old: dict | None, kind: str, d
 def main(argv: list[str]) -> int:
     """The child: [SPEC] -> the index written, {"entry", "peak_rss_gb"} or {"error": {"type", "message"}} in
     the spec's result file. Exit status 0 either way (the result file says which)."""
-    from engine.store.index import build_index_file
-    from engine.store.progress import log_stderr
+    from qasc.engine.store.index import build_index_file
+    from qasc.engine.store.progress import log_stderr
 
     spec = json.loads(Path(argv[0]).read_text())
     try:

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.config import EngineConfig
-from engine.errors import QascError, first_line
-from engine.passages import DEFAULT_PASSAGE_TOKENS
-from engine.store import index as faiss_index
-from engine.store.files import (
+from qasc.engine.config import EngineConfig
+from qasc.engine.errors import QascError, first_line
+from qasc.engine.passages import DEFAULT_PASSAGE_TOKENS
+from qasc.engine.store import index as faiss_index
+from qasc.engine.store.files import (
     ResumableError,
     atomic_write,
     failpoint,
@@ -35,8 +35,8 @@ from engine.store.files import (
     locked,
     read_table,
 )
-from engine.store.inputs import InputUnit, ReadOptions, pack_units, plan_files, plan_memory
-from engine.store.manifest import (
+from qasc.engine.store.inputs import InputUnit, ReadOptions, pack_units, plan_files, plan_memory
+from qasc.engine.store.manifest import (
     DocIdSet,
     Staging,
     build_manifest,
@@ -50,10 +50,10 @@ from engine.store.manifest import (
     source_of,
     store_doc_ids,
 )
-from engine.store.progress import IngestProgress, log_stderr
-from engine.store.schema import MANIFEST, STORE_DTYPES
-from engine.store.stages import IngestContext, LocalRunner, ShardRunner
-from engine.tokencap import DEFAULT_MAX_SENTENCE_TOKENS, load_tokenizer
+from qasc.engine.store.progress import IngestProgress, log_stderr
+from qasc.engine.store.schema import MANIFEST, STORE_DTYPES
+from qasc.engine.store.stages import IngestContext, LocalRunner, ShardRunner
+from qasc.engine.tokencap import DEFAULT_MAX_SENTENCE_TOKENS, load_tokenizer
 
 DEFAULT_SHARD_CHARS = 524_288  # characters of input text per shard (the unit of writing and of resume)
 DEFAULT_UNIT_BYTES = 64 * 2**20  # input bytes per read unit (the unit of planning and of parallel reading)
@@ -92,7 +92,7 @@ class IngestConfig:
 
 
 def _validate(config: EngineConfig, settings: IngestConfig, local: bool) -> None:
-    from engine.embedder import resolve_device, resolve_dtype
+    from qasc.engine.embedder import resolve_device, resolve_dtype
 
     e = config.embedder
     if e.max_length < 8:
@@ -179,7 +179,7 @@ def ingest_table(
 def _ingest(planner, store, config, settings, embedder, runner, progress, log) -> dict:
     """The orchestration behind ingest() and ingest_table(); planner(opts, unit_bytes, root) -> (segments,
     sources, skipped files, in-memory Documents by label, [(doc_id, where)] known before reading)."""
-    from engine.embedder import DEFAULT_MODEL, model_fingerprint, resolve_model_path
+    from qasc.engine.embedder import DEFAULT_MODEL, model_fingerprint, resolve_model_path
 
     t0 = time.perf_counter()
     log = log or log_stderr
@@ -225,7 +225,7 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
 
     if runner is None:
         if embedder is None:
-            from engine.chunker import embedder_from
+            from qasc.engine.chunker import embedder_from
 
             try:
                 embedder = embedder_from(config)

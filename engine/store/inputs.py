@@ -29,7 +29,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from engine.errors import QascError, first_line
+from qasc.engine.errors import QascError, first_line
 
 TEXT_EXTENSIONS = (".md", ".markdown", ".txt", ".text", ".rst")
 TABLE_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet"}

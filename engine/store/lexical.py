@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from engine.errors import QascError, first_line
-from engine.lexical import TermCounts, count_terms, stable_order, term_rule
-from engine.passages import Passages
-from engine.store.files import read_table
-from engine.store.schema import TERMS_SCHEMA
-from engine.types import Sentences
+from qasc.engine.errors import QascError, first_line
+from qasc.engine.lexical import TermCounts, count_terms, stable_order, term_rule
+from qasc.engine.passages import Passages
+from qasc.engine.store.files import read_table
+from qasc.engine.store.schema import TERMS_SCHEMA
+from qasc.engine.types import Sentences
 
 ROWS, PASSAGES = "lexical", "passage_lexical"  # the shard entry's keys of the two files
 

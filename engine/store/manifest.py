@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.config import EngineConfig
-from engine.errors import QascError, first_line
-from engine.store.files import atomic_write, failpoint, file_digest, read_table
-from engine.store.schema import (
+from qasc.engine.config import EngineConfig
+from qasc.engine.errors import QascError, first_line
+from qasc.engine.store.files import atomic_write, failpoint, file_digest, read_table
+from qasc.engine.store.schema import (
     DOCUMENTS_DIR,
     FORMAT,
     FORMAT_VERSION,
@@ -47,7 +47,7 @@ from engine.store.schema import (
 
 
 def _engine_version() -> str:
-    import engine
+    from qasc import engine
 
     return str(getattr(engine, "__version__", "unknown"))
 

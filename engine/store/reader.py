@@ -20,15 +20,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import QascError, first_line
-from engine.lexical import TermCounts
-from engine.passages import Passages
-from engine.store import index as faiss_index
-from engine.store import lexical as saved_terms
-from engine.store.files import read_row_count, read_table
-from engine.store.manifest import check_sizes, read_manifest
-from engine.store.schema import (
+from qasc.engine.config import EngineConfig
+from qasc.engine.errors import QascError, first_line
+from qasc.engine.lexical import TermCounts
+from qasc.engine.passages import Passages
+from qasc.engine.store import index as faiss_index
+from qasc.engine.store import lexical as saved_terms
+from qasc.engine.store.files import read_row_count, read_table
+from qasc.engine.store.manifest import check_sizes, read_manifest
+from qasc.engine.store.schema import (
     DOCUMENTS_SCHEMA,
     STORE_DTYPES,
     embeddings_of,
@@ -36,8 +36,8 @@ from engine.store.schema import (
     passages_schema,
     sentences_schema,
 )
-from engine.store.search import IvfSettings, Searcher, store_searcher
-from engine.types import Headings, Sentences
+from qasc.engine.store.search import IvfSettings, Searcher, store_searcher
+from qasc.engine.types import Headings, Sentences
 
 OPEN_RETRIES = 3  # Store.open: reads again from a manifest that changed while it read (an append committed)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from engine.errors import QascError
+from qasc.engine.errors import QascError
 
 FORMAT = "qasc-store"
 # 2: heading column + headings/ files (a format-1 store opens, without headings); 3: passages/ files (a format-2

@@ -26,8 +26,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from engine.errors import QascError
-from engine.store import index as faiss_index
+from qasc.engine.errors import QascError
+from qasc.engine.store import index as faiss_index
 
 
 @dataclass(frozen=True)

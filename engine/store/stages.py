@@ -22,17 +22,17 @@ from typing import Protocol
 import numpy as np
 import pyarrow as pa
 
-from engine.config import EngineConfig
-from engine.errors import QascError
-from engine.lexical import count_terms, term_rule
-from engine.passages import Passages, pack_passages
-from engine.splitter import SplitterConfig, heading_paths, split_sentences
-from engine.store import index_child
-from engine.store.files import ResumableError, atomic_parquet, file_digest
-from engine.store.index import build_index_file
-from engine.store.inputs import Document, InputUnit, ReadOptions, read_unit
-from engine.store.lexical import PASSAGES, ROWS, passage_texts, row_texts, terms_table
-from engine.store.schema import (
+from qasc.engine.config import EngineConfig
+from qasc.engine.errors import QascError
+from qasc.engine.lexical import count_terms, term_rule
+from qasc.engine.passages import Passages, pack_passages
+from qasc.engine.splitter import SplitterConfig, heading_paths, split_sentences
+from qasc.engine.store import index_child
+from qasc.engine.store.files import ResumableError, atomic_parquet, file_digest
+from qasc.engine.store.index import build_index_file
+from qasc.engine.store.inputs import Document, InputUnit, ReadOptions, read_unit
+from qasc.engine.store.lexical import PASSAGES, ROWS, passage_texts, row_texts, terms_table
+from qasc.engine.store.schema import (
     DOCUMENT_ROW_GROUP,
     DOCUMENTS_SCHEMA,
     HEADING_ROW_GROUP,
@@ -50,8 +50,8 @@ from engine.store.schema import (
     sentences_schema,
     staged_name,
 )
-from engine.tokencap import cap_tokens
-from engine.types import Headings, Sentences
+from qasc.engine.tokencap import cap_tokens
+from qasc.engine.types import Headings, Sentences
 
 OnRecord = Callable[[dict], None]
 

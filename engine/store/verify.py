@@ -8,15 +8,15 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.errors import QascError, first_line
-from engine.lexical import term_rule
-from engine.store import index as faiss_index
-from engine.store import lexical as saved_terms
-from engine.store.files import file_digest
-from engine.store.manifest import read_manifest, shard_files
-from engine.store.reader import load_passages, load_shard
-from engine.store.schema import STAGING
-from engine.types import Sentences
+from qasc.engine.errors import QascError, first_line
+from qasc.engine.lexical import term_rule
+from qasc.engine.store import index as faiss_index
+from qasc.engine.store import lexical as saved_terms
+from qasc.engine.store.files import file_digest
+from qasc.engine.store.manifest import read_manifest, shard_files
+from qasc.engine.store.reader import load_passages, load_shard
+from qasc.engine.store.schema import STAGING
+from qasc.engine.types import Sentences
 
 
 def referenced_files(manifest: dict) -> list[str]:
@@ -167,7 +167,7 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
 
     problems, detail = [], ""
     try:
-        from engine.embedder import model_fingerprint, resolve_model_path
+        from qasc.engine.embedder import model_fingerprint, resolve_model_path
 
         model_path = resolve_model_path(manifest["config"]["embedder"].get("model"))
         if Path(model_path).is_dir():

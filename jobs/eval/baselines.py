@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from engine.errors import QascError
+from qasc.engine.errors import QascError
 
 Span = tuple[int, int]
 CL100K_SEPARATORS = ["\n\n", "\n", ".", "?", "!", " ", ""]
@@ -131,8 +131,8 @@ def _langchain_spans(splitter, text: str) -> list[Span]:
 
 def sentence_spans(text: str, doc_id: str, tokenizer, max_tokens: int = SENTENCE_MAX_TOKENS):
     """text -> the store's sentences (engine.splitter, then the store's token cap): Sentences with n_tokens."""
-    from engine.splitter import split_sentences
-    from engine.tokencap import cap_tokens
+    from qasc.engine.splitter import split_sentences
+    from qasc.engine.tokencap import cap_tokens
 
     return cap_tokens(split_sentences(text, doc_id), tokenizer, max_tokens)
 

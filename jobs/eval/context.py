@@ -19,12 +19,12 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from engine.lexical import LexicalIndex
-from engine.splitter import heading_paths
-from jobs.eval.retrieval import ChunkSet, EvalCache, Hit, model_key, sha
-from kernels.context import heading_gate
-from kernels.lexical import lexical_scores
-from kernels.signals import ScoringModel, normalised_lexical, row_scores
+from qasc.engine.lexical import LexicalIndex
+from qasc.engine.splitter import heading_paths
+from qasc.jobs.eval.retrieval import ChunkSet, EvalCache, Hit, model_key, sha
+from qasc.kernels.context import heading_gate
+from qasc.kernels.lexical import lexical_scores
+from qasc.kernels.signals import ScoringModel, normalised_lexical, row_scores
 
 CONTEXT_POOL = 32  # the same pool as the engine's gate (engine.query.CONTEXT_POOL)
 SUFFIX = " + same context"

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.errors import QascError
+from qasc.engine.errors import QascError
 
 CORPUS_EXTENSIONS = (".md", ".txt")
 

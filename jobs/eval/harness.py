@@ -20,15 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.errors import QascError
-from jobs.eval import baselines as B
-from jobs.eval import context as C
-from jobs.eval import peer_methods as PM
-from jobs.eval import qasc as Q
-from jobs.eval.crossval import CVResult, best_in_sample, leave_one_corpus_out
-from jobs.eval.data import Dataset, Question, load_dataset
-from jobs.eval.metrics import bootstrap_ci, score_spans
-from jobs.eval.retrieval import (
+from qasc.engine.errors import QascError
+from qasc.jobs.eval import baselines as B
+from qasc.jobs.eval import context as C
+from qasc.jobs.eval import peer_methods as PM
+from qasc.jobs.eval import qasc as Q
+from qasc.jobs.eval.crossval import CVResult, best_in_sample, leave_one_corpus_out
+from qasc.jobs.eval.data import Dataset, Question, load_dataset
+from qasc.jobs.eval.metrics import bootstrap_ci, score_spans
+from qasc.jobs.eval.retrieval import (
     ChunkSet,
     EvalCache,
     Hit,
@@ -40,7 +40,7 @@ from jobs.eval.retrieval import (
     sha,
     within_budget,
 )
-from kernels.params import QascParams
+from qasc.kernels.params import QascParams
 
 DEFAULT_CACHE_DIR = os.environ.get("QASC_EVAL_CACHE", str(Path.home() / ".cache" / "qasc" / "eval"))
 QUICK_CORPORA = ("chatlogs", "state_of_the_union")
@@ -183,7 +183,7 @@ def parse_method(name: str) -> tuple[str, float | None]:
             pct = float(name[len("semantic-p"):])
             if 0 < pct < 100:
                 return "semantic", pct
-    from jobs.eval import hybrid, pipelines
+    from qasc.jobs.eval import hybrid, pipelines
 
     raise QascError(f"unknown method {name!r}; known: {', '.join(B.DEFAULT_METHODS)}, recursive-<N>t, "
                     f"semantic-p<P>, {pipelines.PATTERN}, {hybrid.PATTERN}")
@@ -216,7 +216,7 @@ def make_chunkers(names: Sequence[str], embedder, sentence_source, cfg: EvalConf
             if not cfg.llm_url:
                 log("llm-agentic skipped: it needs --llm-url")
                 continue
-            from jobs.eval.llm import ChatClient
+            from qasc.jobs.eval.llm import ChatClient
 
             out.append(B.AgenticChunker(ChatClient(cfg.llm_url, cfg.llm_model), tok))
         # qasc runs through the engine; llm-ppl (the stand-in) runs on its subset
@@ -313,8 +313,8 @@ def resolve_eval_dtype(device: str, dtype: str) -> str:
     """'fast' -> 'bfloat16' on a CPU with native bf16 instructions (avx512_bf16 / amx), else 'auto'."""
     if dtype != "fast":
         return dtype
-    from engine.cpu import cpu_has_native_bf16
-    from engine.embedder import resolve_device
+    from qasc.engine.cpu import cpu_has_native_bf16
+    from qasc.engine.embedder import resolve_device
 
     if resolve_device(device).type != "cpu":
         return "auto"
@@ -323,7 +323,7 @@ def resolve_eval_dtype(device: str, dtype: str) -> str:
 
 def make_embedder(device: str = "cpu", dtype: str = "fast"):
     """The eval's embedder: the default model, `dtype` resolved as by --dtype, large batches."""
-    from engine.embedder import Embedder
+    from qasc.engine.embedder import Embedder
 
     return Embedder(device=device, dtype=resolve_eval_dtype(device, dtype), batch_tokens=EVAL_BATCH_TOKENS,
                     max_batch_size=EVAL_MAX_BATCH)
@@ -337,18 +337,18 @@ def default_engine_factory(dataset: Dataset, cache: EvalCache, out_dir: Path, de
     the eval's large batches (16384-token batches embed 2-6x faster in bf16 on this CPU than the default 32
     texts) instead of loading a second model with the engine's small CPU batches.
     """
-    from engine.config import EmbedderConfig, EngineConfig
-    from engine.embedder import model_fingerprint, resolve_model_path
-    from engine.query import Engine
-    from engine.store import IngestProgress, existing_manifest, ingest
+    from qasc.engine.config import EmbedderConfig, EngineConfig
+    from qasc.engine.embedder import model_fingerprint, resolve_model_path
+    from qasc.engine.query import Engine
+    from qasc.engine.store import IngestProgress, existing_manifest, ingest
 
     missing = [c for c in dataset.corpora if c not in dataset.files]
     if missing:
         raise QascError(f"QASC needs the corpus files; the data set has no path for {missing}")
     fp = model_fingerprint(resolve_model_path(None))
     root = cache.root / "stores" if cache.root else out_dir / "stores"
-    from engine.splitter import SplitterConfig
-    from engine.store.schema import FORMAT_VERSION
+    from qasc.engine.splitter import SplitterConfig
+    from qasc.engine.store.schema import FORMAT_VERSION
 
     splitter = sha(json.dumps(SplitterConfig().describe(), sort_keys=True))[:8]  # a new splitter default: new store
     # a new store format (2: heading paths) is a new store too
@@ -599,7 +599,7 @@ def run_eval(cfg: EvalConfig, engine_factory: Callable | None = None, embedder=N
     """The whole evaluation -> results dict (also written to cfg.out_dir with the report and plots)."""
     from transformers.utils import logging as hf_logging
 
-    from jobs.eval import report
+    from qasc.jobs.eval import report
 
     hf_logging.set_verbosity_error()  # "sequence longer than 512": we only count tokens of long chunks
     log = log or Log()
@@ -698,7 +698,7 @@ def run_ppl_subset(ds: Dataset, qemb: np.ndarray, chunksets, engine_factory, emb
 def faithfulness(runs: dict[str, MethodRun], cvs: dict[str, CVResult], ds: Dataset, cfg: EvalConfig,
                  cutter: TokenCutter, log) -> dict:
     """Generate-and-judge on a seeded sample of questions for every method's held-out selection."""
-    from jobs.eval.llm import ChatClient, generate_and_judge
+    from qasc.jobs.eval.llm import ChatClient, generate_and_judge
 
     client = ChatClient(cfg.llm_url, cfg.llm_model)
     rng = np.random.default_rng(cfg.seed)

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jobs.eval import baselines as B
-from jobs.eval.retrieval import ChunkSet, Hit, ranked_hits, search
+from qasc.jobs.eval import baselines as B
+from qasc.jobs.eval.retrieval import ChunkSet, Hit, ranked_hits, search
 
 SIGNALS = ("dense", "bm25", "rrf")
 RRF_K = 60  # reciprocal rank fusion constant (Cormack, Clarke and Buettcher 2009; LangChain's and LlamaIndex's)
@@ -54,7 +54,7 @@ def base_chunker(units: str, tokenizer) -> B.Chunker:
 
 def heading_prefixed(text: str, spans: Sequence[B.Span]) -> list[str]:
     """Each span's text prefixed by the heading path in force at its start ("Title > Section\\n<text>")."""
-    from engine.splitter import heading_paths
+    from qasc.engine.splitter import heading_paths
 
     paths, at = heading_paths(text, np.asarray([s for s, _ in spans], dtype=np.int64))
     return [(f"{paths[p]}\n" if p >= 0 else "") + text[s:e] for (s, e), p in zip(spans, at.tolist(), strict=True)]
@@ -72,7 +72,7 @@ def bm25_tokens(texts: Sequence[str]) -> list[list[str]]:
 def bm25_top(unit_texts: Sequence[str], questions: Sequence[str], depth: int) -> tuple[np.ndarray, np.ndarray]:
     """-> ids (Q, depth) int64 (-1: none; units without a matching term are left out), scores (Q, depth) float32,
     best first, through one bm25s index over `unit_texts`."""
-    from jobs.eval.peers import require
+    from qasc.jobs.eval.peers import require
 
     bm25s = require("bm25s", "bm25s")
     ids = np.full((len(questions), depth), -1, dtype=np.int64)

@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.request
 
-from engine.errors import QascError
+from qasc.engine.errors import QascError
 
 
 class ChatClient:

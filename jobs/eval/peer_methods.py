@@ -3,10 +3,10 @@ simple retrievers (hybrid.py). Kept apart from those modules, which import peers
 
 from __future__ import annotations
 
-from engine.errors import QascError
-from jobs.eval import hybrid, pipelines
-from jobs.eval.baselines import Chunker
-from jobs.eval.peers import PEER_METHODS, AutoMerge, ChonkieSemantic, LangChainSemantic, Semchunk, SentenceWindow
+from qasc.engine.errors import QascError
+from qasc.jobs.eval import hybrid, pipelines
+from qasc.jobs.eval.baselines import Chunker
+from qasc.jobs.eval.peers import PEER_METHODS, AutoMerge, ChonkieSemantic, LangChainSemantic, Semchunk, SentenceWindow
 
 FAMILIES = (pipelines, hybrid)
 

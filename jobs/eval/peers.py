@@ -26,8 +26,8 @@ from functools import partial
 
 import numpy as np
 
-from engine.errors import QascError
-from jobs.eval.baselines import Chunker, Span, _trimmed
+from qasc.engine.errors import QascError
+from qasc.jobs.eval.baselines import Chunker, Span, _trimmed
 
 MODEL_WINDOW = 256  # word-pieces all-MiniLM-L6-v2 reads (engine.embedder.Embedder max_length)
 PEER_METHODS = ("lc-semantic", "chonkie-semantic", "semchunk-128", "semchunk-256", "li-sentence-window",
@@ -167,7 +167,7 @@ def llama_index_offline() -> None:
     import llama_index.core
     from llama_index.core.utils import set_global_tokenizer
 
-    from jobs.eval.baselines import cl100k
+    from qasc.jobs.eval.baselines import cl100k
 
     if llama_index.core.global_tokenizer is None:
         set_global_tokenizer(partial(cl100k().encode, allowed_special="all"))

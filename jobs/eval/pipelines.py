@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from jobs.eval import baselines as B
-from jobs.eval.peers import (
+from qasc.jobs.eval import baselines as B
+from qasc.jobs.eval.peers import (
     Locator,
     PeerChunker,
     SentenceWindow,
@@ -37,7 +37,7 @@ from jobs.eval.peers import (
     llama_index_offline,
     require,
 )
-from jobs.eval.retrieval import ChunkSet, Hit
+from qasc.jobs.eval.retrieval import ChunkSet, Hit
 
 FETCH = 50  # each retriever's depth before fusion (at least)
 OVERLAP = 20  # SentenceSplitter chunk_overlap (cl100k tokens), as the hierarchical parser's

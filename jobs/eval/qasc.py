@@ -14,10 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.config import RetrievalConfig
-from engine.passages import fill_budget
-from jobs.eval.retrieval import Hit, TokenCutter, within_budget
-from kernels.params import QascParams
+from qasc.engine.config import RetrievalConfig
+from qasc.engine.passages import fill_budget
+from qasc.jobs.eval.retrieval import Hit, TokenCutter, within_budget
+from qasc.kernels.params import QascParams
 
 NEUTRAL = {"top_k": None, "budget_tokens": None, "score_margin": None}
 # The grid's own starting point, spelled out so that it does not move when the engine's defaults (the

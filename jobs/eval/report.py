@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from jobs.eval.crossval import CVResult
-from jobs.eval.data import Dataset
-from jobs.eval.metrics import score_spans
+from qasc.jobs.eval.crossval import CVResult
+from qasc.jobs.eval.data import Dataset
+from qasc.jobs.eval.metrics import score_spans
 
 BASELINE_FAMILIES = ("fixed", "recursive")
 

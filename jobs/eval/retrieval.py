@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jobs.eval.baselines import Chunker, Span
+from qasc.jobs.eval.baselines import Chunker, Span
 
 Hit = tuple[str, int, int, int, float, int]  # (doc_id, char_start, char_end, n_tokens, score, n_sentences or 0)
 

@@ -19,12 +19,12 @@ from dataclasses import asdict, replace
 
 import numpy as np
 
-from engine.config import RetrievalConfig, budget_setting
-from engine.errors import QascError
-from jobs.eval import qasc as Q
-from jobs.eval.context import SUFFIX as CONTEXT_SUFFIX
-from jobs.eval.crossval import CVResult, best_in_sample, leave_one_corpus_out
-from jobs.eval.harness import (
+from qasc.engine.config import RetrievalConfig, budget_setting
+from qasc.engine.errors import QascError
+from qasc.jobs.eval import qasc as Q
+from qasc.jobs.eval.context import SUFFIX as CONTEXT_SUFFIX
+from qasc.jobs.eval.crossval import CVResult, best_in_sample, leave_one_corpus_out
+from qasc.jobs.eval.harness import (
     BUDGET_CRITERION,
     METRIC_KEYS,
     EvalConfig,
@@ -38,8 +38,8 @@ from jobs.eval.harness import (
     summarize,
     views,
 )
-from jobs.eval.metrics import bootstrap_ci
-from kernels.params import QascParams
+from qasc.jobs.eval.metrics import bootstrap_ci
+from qasc.kernels.params import QascParams
 
 FIXED_FAMILIES = ("fixed", "recursive")
 PEER_FAMILY = "peer"
@@ -183,7 +183,7 @@ def run_suite(cfg: EvalConfig, data_dirs: Sequence[str], engine_factory: Callabl
     plots in cfg.out_dir; each set's own single-set report under cfg.out_dir/<set>/)."""
     from transformers.utils import logging as hf_logging
 
-    from jobs.eval import suite_report
+    from qasc.jobs.eval import suite_report
 
     hf_logging.set_verbosity_error()
     log = log or Log()

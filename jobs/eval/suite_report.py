@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from jobs.eval.report import _ci, _f
+from qasc.jobs.eval.report import _ci, _f
 
 EXTENT_BINS = ("1", "2", "3", "4-7", "8+")
 

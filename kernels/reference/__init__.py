@@ -21,8 +21,8 @@ same name and parameters in the matching module here, or when a twin imports the
 
 from __future__ import annotations
 
-from kernels.reference.candidates import candidate_rows
-from kernels.reference.context import (
+from qasc.kernels.reference.candidates import candidate_rows
+from qasc.kernels.reference.context import (
     best_paths,
     context_boost,
     heading_gate,
@@ -31,7 +31,7 @@ from kernels.reference.context import (
     packed_path_rows,
     shortlist_top,
 )
-from kernels.reference.extents import (
+from qasc.kernels.reference.extents import (
     block_extent_scores,
     block_stats,
     neighbour_dots,
@@ -39,16 +39,23 @@ from kernels.reference.extents import (
     pooled_extent_scores,
     run_norms,
 )
-from kernels.reference.gather import gathered_dots, segment_first
-from kernels.reference.lexical import lexical_scores
-from kernels.reference.merging import coverage, fill_gaps, label_segments, segment_scores, segment_spans, segment_sums
-from kernels.reference.quantize import column_inverse, int8_products, quantize_columns, quantize_rows, row_top_k
-from kernels.reference.runs import combine_keys, positions_like, region_keys, run_bounds
-from kernels.reference.seeding import percentile_seeds, percentile_threshold, similarity_ranks, top_ranked
-from kernels.reference.selection import focus_on_best, select_chunks
-from kernels.reference.signals import normalised_lexical, row_scores
-from kernels.reference.snapping import cap_breaks, snap_to_blocks
-from kernels.reference.windows import decay_window_scores, expand_windows, keep_windows
+from qasc.kernels.reference.gather import gathered_dots, segment_first
+from qasc.kernels.reference.lexical import lexical_scores
+from qasc.kernels.reference.merging import (
+    coverage,
+    fill_gaps,
+    label_segments,
+    segment_scores,
+    segment_spans,
+    segment_sums,
+)
+from qasc.kernels.reference.quantize import column_inverse, int8_products, quantize_columns, quantize_rows, row_top_k
+from qasc.kernels.reference.runs import combine_keys, positions_like, region_keys, run_bounds
+from qasc.kernels.reference.seeding import percentile_seeds, percentile_threshold, similarity_ranks, top_ranked
+from qasc.kernels.reference.selection import focus_on_best, select_chunks
+from qasc.kernels.reference.signals import normalised_lexical, row_scores
+from qasc.kernels.reference.snapping import cap_breaks, snap_to_blocks
+from qasc.kernels.reference.windows import decay_window_scores, expand_windows, keep_windows
 
 __all__ = [
     "best_paths",

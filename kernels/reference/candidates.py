@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.reference._common import _rows, _to_tensor
+from qasc.kernels.reference._common import _rows, _to_tensor
 
 
 def candidate_rows(
@@ -15,7 +15,7 @@ def candidate_rows(
     from the hit's block_first to its block_last (when given) inside that document, sorted; rows padded with
     n_total to the widest query; a new region wherever a row does not follow the previous one in the same
     document."""
-    from kernels.candidates import CandidateRows
+    from qasc.kernels.candidates import CandidateRows
 
     first, last = doc_first.tolist(), doc_last.tolist()
     b_first = block_first.tolist() if block_first is not None else None

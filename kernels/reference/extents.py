@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.reference._common import _INF, _round, _rows, _segment_ids, _sqrt, _to_tensor
+from qasc.kernels.reference._common import _INF, _round, _rows, _segment_ids, _sqrt, _to_tensor
 
 
 def neighbour_dots(vectors: torch.Tensor, width: int, block_rows: int = 65536) -> torch.Tensor:

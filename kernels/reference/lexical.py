@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.reference._common import _rows, _to_tensor
+from qasc.kernels.reference._common import _rows, _to_tensor
 
 
 def lexical_scores(row_ptr, row_terms, row_weights, query_ptr, query_terms, vocab_size, rows, valid, paths=None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.reference._common import _INF, _rows, _segment_ids, _to_tensor
+from qasc.kernels.reference._common import _INF, _rows, _segment_ids, _to_tensor
 
 
 def coverage(kept: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:

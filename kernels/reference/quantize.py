@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.reference._common import _f32, _int8, _rows, _to_tensor
+from qasc.kernels.reference._common import _f32, _int8, _rows, _to_tensor
 
 _TINY = _f32(1e-30)  # the step of an all-zero row (quantize_rows)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.reference._common import _rows, _to_tensor
+from qasc.kernels.reference._common import _rows, _to_tensor
 
 
 def positions_like(x: torch.Tensor) -> torch.Tensor:

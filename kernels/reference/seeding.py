@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from kernels.reference._common import _INF, _rows, _to_tensor
+from qasc.kernels.reference._common import _INF, _rows, _to_tensor
 
 
 def percentile_threshold(sims: torch.Tensor, valid: torch.Tensor, percentile: float | torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kernels.reference._common import _rows, _to_tensor
+from qasc.kernels.reference._common import _rows, _to_tensor
 
 
 def row_scores(model, cos, valid, c=None, path=None, hs=None, spread=None, cref=None, lex=None):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.reference._common import _block_ids, _label_runs, _rows, _to_tensor
+from qasc.kernels.reference._common import _block_ids, _label_runs, _rows, _to_tensor
 
 
 def snap_to_blocks(

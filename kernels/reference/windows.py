@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from kernels.reference._common import _INF, _rows, _segment_ids, _to_tensor
+from qasc.kernels.reference._common import _INF, _rows, _segment_ids, _to_tensor
 
 
 def _may_take(j: int, r: int, seg: list[int | None], sims: list[float], threshold: list[float] | None) -> bool:

@@ -92,8 +92,8 @@ def test_scale_helpers(tmp_path):
     import torch
 
     from bench import scale
-    from engine.splitter import split_sentences
-    from engine.store.index import exact_search
+    from qasc.engine.splitter import split_sentences
+    from qasc.engine.store.index import exact_search
 
     root = scale.corpus_dir(tmp_path, 700, 3)
     info = scale.write_corpus(root, 700, 3)
@@ -120,7 +120,7 @@ def test_scale_table_embedder(tmp_path, tiny_model):
     from transformers import AutoModel
 
     from bench import scale
-    from engine.store.reader import Store
+    from qasc.engine.store.reader import Store
 
     emb = scale.TableEmbedder(scale.Path(tiny_model))
     texts = ["A first sentence.", "Second, longer sentence with more words in it.", "A first sentence."]
@@ -146,7 +146,7 @@ def test_scale_bench_tiny(tmp_path):
     import shutil
 
     from bench import scale
-    from engine.chunker import __file__ as engine_file
+    from qasc.engine.chunker import __file__ as engine_file
 
     demo = tmp_path / "demo"
     shutil.copytree(scale.Path(engine_file).parent / "data" / "demo", demo)

@@ -11,12 +11,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.assemble import RowTable, assemble_chunks, assemble_chunks_reference, assemble_columns
-from engine.columns import RESULT_COLUMNS, results_schema
-from engine.config import RetrievalConfig
-from engine.types import Sentences
-from kernels.params import QascParams
-from kernels.pipeline import QascBatch
+from qasc.engine.assemble import RowTable, assemble_chunks, assemble_chunks_reference, assemble_columns
+from qasc.engine.columns import RESULT_COLUMNS, results_schema
+from qasc.engine.config import RetrievalConfig
+from qasc.engine.types import Sentences
+from qasc.kernels.params import QascParams
+from qasc.kernels.pipeline import QascBatch
 
 
 def _docs(rng: np.random.Generator, n_docs: int) -> list[Sentences]:
@@ -122,7 +122,7 @@ def test_engine_batches_equal_reference(synthetic_engine, params):
 
 def test_query_batches_are_the_chunks_as_rows(synthetic_engine):
     """query_batches: one RecordBatch per slice, whose rows are query_embedded's chunks (query order, rank)."""
-    from jobs.results import to_table
+    from qasc.jobs.results import to_table
 
     eng, q = synthetic_engine, _queries(synthetic_engine, 23, seed=1)
     ids = [f"id{i}" for i in range(23)]
@@ -138,8 +138,8 @@ def test_query_batches_are_the_chunks_as_rows(synthetic_engine):
 def test_chunk_sentences_spans_and_seeds():
     """engine.chunk's in-memory path (one document, positions = sentence indices) through the vectorized
     assembly: exact spans, seeds inside their chunk, ranks by score."""
-    from engine.chunker import chunk_sentences
-    from engine.config import EngineConfig
+    from qasc.engine.chunker import chunk_sentences
+    from qasc.engine.config import EngineConfig
 
     rng = np.random.default_rng(3)
     doc = _docs(rng, 1)[0]
@@ -161,7 +161,7 @@ def test_chunk_sentences_spans_and_seeds():
 def test_search_blocks_do_not_change_results(synthetic_engine, monkeypatch):
     """query_columns searches whole slices at once (SEARCH_BLOCK_QUERIES): any block, one slice at a time or all
     queries in one, gives the same chunks."""
-    import engine.query as query_mod
+    import qasc.engine.query as query_mod
 
     eng, q = synthetic_engine, _queries(synthetic_engine, 23, seed=2)
     want = eng.query_embedded(q, slice_size=23)
@@ -173,7 +173,7 @@ def test_search_blocks_do_not_change_results(synthetic_engine, monkeypatch):
 def test_a_short_last_search_joins_the_one_before(synthetic_engine, monkeypatch):
     """A tail of fewer than SEARCH_TAIL_SHARE of a block is searched with the block before it (one search of
     8,192 + 1,808 queries is slower than one of 10,000), in whole slices, with the same chunks."""
-    import engine.query as query_mod
+    import qasc.engine.query as query_mod
 
     assert [query_mod.search_block_end(lo, n, 8) for lo, n in ((0, 17), (8, 17), (0, 18), (8, 18), (16, 18))] == [
         8, 17, 8, 16, 18]
@@ -192,8 +192,8 @@ def test_kernel_blocks_inside_a_slice_do_not_change_results(synthetic_engine, mo
     """On CPU a slice's kernels and assembly run KERNEL_SLICE_QUERIES_CPU queries at a time, and the blocks'
     columns are joined (ChunkColumns.concat): any block size gives the same rows, one RecordBatch per slice
     (scores within float32 rounding: a block's padded width changes the order of the sums)."""
-    import engine.query as query_mod
-    from jobs.results import to_table
+    import qasc.engine.query as query_mod
+    from qasc.jobs.results import to_table
 
     eng, q = synthetic_engine, _queries(synthetic_engine, 23, seed=4)
     ids = [f"q{i}" for i in range(23)]
@@ -210,7 +210,7 @@ def test_kernel_blocks_inside_a_slice_do_not_change_results(synthetic_engine, mo
 
 
 def test_chunk_columns_concat_shifts_queries_and_seeds():
-    from engine.assemble import ChunkColumns
+    from qasc.engine.assemble import ChunkColumns
 
     def cols(n_queries, query, seeds_per_chunk, first_seed):
         m = len(query)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.config import EmbedderConfig, EngineConfig, RetrievalConfig
-from engine.store import ingest
-from kernels.params import QascParams
+from qasc.engine.config import EmbedderConfig, EngineConfig, RetrievalConfig
+from qasc.engine.store import ingest
+from qasc.kernels.params import QascParams
 from tests.engine.test_store import write_corpus
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ DOC = (f"# Guide\n\n## Symptoms\n\n{_sentences('symptom', 10)}\n\n## Treatment\n
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, tiny_model):
-    from engine.query import Engine
+    from qasc.engine.query import Engine
 
     root = tmp_path_factory.mktemp("blocks")
     config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
@@ -64,7 +64,7 @@ def test_a_hit_brings_its_whole_section(engine):
 
 
 def test_a_section_longer_than_the_row_cap_is_not_brought(engine):
-    from engine.query import BLOCK_ROWS_MAX
+    from qasc.engine.query import BLOCK_ROWS_MAX
 
     long = _section_rows(engine, "long")
     assert len(long) > BLOCK_ROWS_MAX

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.chunker import chunk
+from qasc.engine.chunker import chunk
 
 
 @pytest.mark.parametrize("text", [b"bytes are not text", None, 42])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine import cpu
+from qasc.engine import cpu
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.store.index import gpu_for
+from qasc.engine.store.index import gpu_for
 
 
 def _spans(results):
@@ -47,8 +47,8 @@ def test_index_placement(kind, device, gpus, want):
 def test_store_open_keeps_the_index_on_cpu_by_default(demo_store):
     import faiss
 
-    from engine.query import Engine
-    from engine.store.reader import Store
+    from qasc.engine.query import Engine
+    from qasc.engine.store.reader import Store
 
     assert isinstance(Store.open(demo_store, load_index=True).index, faiss.Index)
     engine = Engine.open(str(demo_store), device="cpu")

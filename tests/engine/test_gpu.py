@@ -44,8 +44,8 @@ def test_kernels_cuda_equal_cpu(setting, q, length):
 
 
 def test_kernels_cuda_empty_rows():
-    from kernels.params import QascParams
-    from kernels.pipeline import run_qasc
+    from qasc.kernels.params import QascParams
+    from qasc.kernels.pipeline import run_qasc
 
     z = torch.zeros(4, 16, device="cuda")
     ids = torch.full((4, 16), -1, dtype=torch.long, device="cuda")
@@ -66,14 +66,14 @@ def model_path():
 
 @pytest.fixture(scope="module")
 def cpu_vectors(model_path):
-    from engine.embedder import Embedder
+    from qasc.engine.embedder import Embedder
 
     return Embedder(model_path, device="cpu").encode(SENTENCES)
 
 
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-4), ("auto", 2e-2)])
 def test_embedder_cuda_close_to_cpu(model_path, cpu_vectors, dtype, tol):
-    from engine.embedder import Embedder
+    from qasc.engine.embedder import Embedder
 
     emb = Embedder(model_path, device="cuda", dtype=dtype)
     out = emb.encode(SENTENCES)

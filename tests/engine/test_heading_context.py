@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import RetrievalConfig
-from engine.store import ingest
-from kernels.context import context_boost, heading_gate
-from kernels.signals import ScoringModel
+from qasc.engine.config import RetrievalConfig
+from qasc.engine.store import ingest
+from qasc.kernels.context import context_boost, heading_gate
+from qasc.kernels.signals import ScoringModel
 from tests.engine.test_store import write_corpus
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ QUESTIONS = ["[b.com] Do you sell my data?", "[a.com] Do you sell my personal da
 
 @pytest.fixture(scope="module")
 def policy_engine(tmp_path_factory):
-    from engine.query import Engine
+    from qasc.engine.query import Engine
 
     root = tmp_path_factory.mktemp("policies")
     docs = {"a": POLICY.format(site="a.com"), "b": POLICY.format(site="b.com"), "c": BAKING}
@@ -44,7 +44,7 @@ RESTATED = ("# Privacy policy of {site}\n\nThis privacy policy of {site} explain
 
 @pytest.fixture(scope="module")
 def restated_engine(tmp_path_factory):
-    from engine.query import Engine
+    from qasc.engine.query import Engine
 
     root = tmp_path_factory.mktemp("restated")
     docs = {"a": RESTATED.format(site="a.com"), "b": RESTATED.format(site="b.com")}
@@ -54,7 +54,7 @@ def restated_engine(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain_engine(tmp_path_factory):
-    from engine.query import Engine
+    from qasc.engine.query import Engine
 
     root = tmp_path_factory.mktemp("plain")
     docs = {"a": POLICY.format(site="a.com").replace("#", ""), "c": BAKING.replace("#", "")}
@@ -163,7 +163,7 @@ def test_low_precision_heading_shortlist_gives_the_same_chunks(policy_engine, mo
     """The int8 (CPUs with int8 dot products) and bf16 (native bf16) shortlists of the best heading paths, used on
     large stores, return what the float32 product returns: forced on for this tiny store, every question's chunks
     are the same."""
-    import engine.tables as query_module  # the heading paths' tables live there
+    import qasc.engine.tables as query_module  # the heading paths' tables live there
 
     monkeypatch.setattr(query_module, "HEADING_SHORTLIST_MIN_PATHS", 0)
     monkeypatch.setattr(query_module, "cpu_has_int8_dot", lambda: kind == "int8")

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pyarrow.parquet as pq
 
-from engine.config import EmbedderConfig, EngineConfig
-from engine.splitter import heading_paths, heading_title, split_sentences
-from engine.store import IngestConfig, Store, ingest, verify_store
-from engine.store.files import file_digest
+from qasc.engine.config import EmbedderConfig, EngineConfig
+from qasc.engine.splitter import heading_paths, heading_title, split_sentences
+from qasc.engine.store import IngestConfig, Store, ingest, verify_store
+from qasc.engine.store.files import file_digest
 from tests.engine.test_lexical_store import drop_term_counts
 from tests.engine.test_store import write_corpus
 

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.errors import QascError
-from engine.store import index as faiss_index
+from qasc.engine.errors import QascError
+from qasc.engine.store import index as faiss_index
 
 
 def clustered(n: int, dim: int, seed: int, centres: int = 12) -> np.ndarray:

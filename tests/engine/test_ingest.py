@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.config import EmbedderConfig, EngineConfig
-from engine.errors import QascError
-from engine.splitter import split_sentences
-from engine.store import IngestConfig, IngestProgress, Store, ingest, verify_store
-from engine.tokencap import cap_tokens, count_tokens, load_tokenizer
+from qasc.engine.config import EmbedderConfig, EngineConfig
+from qasc.engine.errors import QascError
+from qasc.engine.splitter import split_sentences
+from qasc.engine.store import IngestConfig, IngestProgress, Store, ingest, verify_store
+from qasc.engine.tokencap import cap_tokens, count_tokens, load_tokenizer
 from tests.conftest import CHROMA
 from tests.engine.test_store import DOCS, write_corpus
 
@@ -193,7 +193,7 @@ def test_chroma_general_one_document_per_file_exact_offsets(tmp_path, tiny_model
 
 @pytest.mark.slow
 def test_cli_log_lines_summary_and_bar(tmp_path, tiny_model, capsys):
-    from jobs.cli import main
+    from qasc.jobs.cli import main
 
     corpus = write_corpus(tmp_path / "c")
     code = main(["ingest", str(corpus), "--store", str(tmp_path / "s"), "--local", "--model", tiny_model,

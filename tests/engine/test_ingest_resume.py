@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EmbedderConfig, EngineConfig
-from engine.errors import QascError
-from engine.store import IngestConfig, Store, ingest, verify_store
-from jobs.cli import main
+from qasc.engine.config import EmbedderConfig, EngineConfig
+from qasc.engine.errors import QascError
+from qasc.engine.store import IngestConfig, Store, ingest, verify_store
+from qasc.jobs.cli import main
 from tests.conftest import REPO
 from tests.engine.test_store import assert_same_store, snapshot, write_corpus
 
@@ -40,7 +40,7 @@ def run_cli(args: list[str], failpoint: str | None = None, kill_after_shards: in
     env.pop("QASC_FAILPOINT", None)
     if failpoint:
         env["QASC_FAILPOINT"] = failpoint
-    cmd = [sys.executable, "-m", "jobs.cli", *args]
+    cmd = [sys.executable, "-m", "qasc.jobs.cli", *args]
     if kill_after_shards is None:
         return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -16,11 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.config import EmbedderConfig, EngineConfig
-from engine.errors import QascError
-from engine.store import IngestConfig, LocalRunner, ReadOptions, Store, ingest, verify_store
-from engine.store.inputs import pack_units, plan_files, read_unit
-from engine.store.manifest import DocIdSet, id_hashes
+from qasc.engine.config import EmbedderConfig, EngineConfig
+from qasc.engine.errors import QascError
+from qasc.engine.store import IngestConfig, LocalRunner, ReadOptions, Store, ingest, verify_store
+from qasc.engine.store.inputs import pack_units, plan_files, read_unit
+from qasc.engine.store.manifest import DocIdSet, id_hashes
 from tests.engine.test_ingest import HashEmbedder
 from tests.engine.test_store import write_corpus
 

@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.config import EmbedderConfig, EngineConfig
-from engine.errors import QascError
-from engine.store import IngestConfig, ResumableError, Store, ingest, ingest_table, verify_store
-from engine.store.schema import MANIFEST
+from qasc.engine.config import EmbedderConfig, EngineConfig
+from qasc.engine.errors import QascError
+from qasc.engine.store import IngestConfig, ResumableError, Store, ingest, ingest_table, verify_store
+from qasc.engine.store.schema import MANIFEST
 from tests.conftest import DEMO_CORPUS, REPO
 from tests.engine.test_integrations import README_MARK, readme_examples
 
@@ -162,8 +162,8 @@ def test_bad_dataframe(tmp_path, config):
 
 
 def test_query_results_as_arrow_table(demo_store):
-    from engine.query import Engine
-    from jobs.results import RESULT_COLUMNS, result_rows, results_schema, to_table
+    from qasc.engine.query import Engine
+    from qasc.jobs.results import RESULT_COLUMNS, result_rows, results_schema, to_table
 
     engine = Engine.open(str(demo_store), device="cpu")
     questions = ["How long should sourdough dough proof?", "Who invented the lighthouse lens?"]

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import EmbedderConfig, EngineConfig, RetrievalConfig
-from engine.integrations import POSITION_KEYS
-from engine.query import Engine
-from engine.types import Chunk
-from kernels.params import QascParams
+from qasc.engine.config import EmbedderConfig, EngineConfig, RetrievalConfig
+from qasc.engine.integrations import POSITION_KEYS
+from qasc.engine.query import Engine
+from qasc.engine.types import Chunk
+from qasc.kernels.params import QascParams
 from tests.conftest import DEMO_CORPUS, REPO
 
 pytestmark = pytest.mark.slow
@@ -50,13 +50,13 @@ class CountingEngine(Engine):
 
 @pytest.fixture(scope="module")
 def lc():
-    return pytest.importorskip("engine.integrations.langchain", reason="needs the 'langchain' extra (make install)",
+    return pytest.importorskip("qasc.engine.integrations.langchain", reason="needs the 'langchain' extra (make install)",
                                exc_type=ImportError)
 
 
 @pytest.fixture(scope="module")
 def li():
-    return pytest.importorskip("engine.integrations.llamaindex",
+    return pytest.importorskip("qasc.engine.integrations.llamaindex",
                                reason="needs the 'llamaindex' extra (make install)", exc_type=ImportError)
 
 
@@ -68,7 +68,7 @@ def engine(demo_store) -> CountingEngine:
 @pytest.fixture(scope="module")
 def meta_store(tmp_path_factory, tiny_model) -> Path:
     """The demo documents as JSON lines with extra columns (one clashing with a chunk field), tiny model."""
-    from engine.store import ingest
+    from qasc.engine.store import ingest
 
     root = tmp_path_factory.mktemp("meta")
     with open(root / "docs.jsonl", "w", encoding="utf-8") as f:
@@ -133,7 +133,7 @@ def test_langchain_batch_is_one_engine_call(lc, engine):
 
 def test_langchain_batch_errors(lc, engine):
     retriever = lc.QascRetriever(engine=engine)
-    from engine.errors import QascError
+    from qasc.engine.errors import QascError
 
     with pytest.raises(QascError, match="query 1 is empty"):
         retriever.batch(["a real question", "  "])
@@ -212,7 +212,7 @@ def test_llamaindex_node_ids_stable(li, engine, demo_store):
 # ------------------------------------------------------------------------------------------------ metadata
 
 def test_metadata_complete(lc, li, meta_store):
-    from engine.store import Store
+    from qasc.engine.store import Store
 
     store = Store.open(meta_store)
     lc_retriever = lc.QascRetriever(store=str(meta_store), device="cpu")

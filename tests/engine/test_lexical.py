@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import RetrievalConfig
-from engine.errors import QascError
-from engine.lexical import BM25_B, BM25_K1, LexicalIndex, terms
-from kernels.lexical import lexical_scores
-from kernels.params import QascParams
+from qasc.engine.config import RetrievalConfig
+from qasc.engine.errors import QascError
+from qasc.engine.lexical import BM25_B, BM25_K1, LexicalIndex, terms
+from qasc.kernels.lexical import lexical_scores
+from qasc.kernels.params import QascParams
 
 TEXTS = ["The cat sat on the mat.", "A dog and a cat.", "Dogs bark; cats purr, cats sleep.", "", "The the the."]
 
@@ -84,8 +84,8 @@ QUESTION = "How long does support take to reply about QX7?"  # by cosine: the su
 
 @pytest.fixture(scope="module")
 def plain_engine(tmp_path_factory):
-    from engine.query import Engine
-    from engine.store import ingest
+    from qasc.engine.query import Engine
+    from qasc.engine.store import ingest
     from tests.engine.test_store import write_corpus
 
     root = tmp_path_factory.mktemp("lexical")
@@ -109,7 +109,7 @@ def test_the_term_lifts_the_sentence_with_the_rare_words(plain_engine) -> None:
 
 @pytest.mark.slow
 def test_the_boost_is_alpha_bm25_over_best_on_every_candidate(plain_engine, monkeypatch) -> None:
-    import engine.query as engine_query
+    import qasc.engine.query as engine_query
 
     seen = []
     real = engine_query.run_qasc

@@ -12,13 +12,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.config import EmbedderConfig, EngineConfig
-from engine.errors import QascError
-from engine.lexical import LexicalIndex, count_terms
-from engine.query import Engine
-from engine.store import IngestConfig, ResumableError, Store, file_digest, ingest, verify_store
-from engine.store.lexical import PASSAGES, ROWS, passage_texts, row_texts, table_counts, terms_table
-from kernels.params import QascParams
+from qasc.engine.config import EmbedderConfig, EngineConfig
+from qasc.engine.errors import QascError
+from qasc.engine.lexical import LexicalIndex, count_terms
+from qasc.engine.query import Engine
+from qasc.engine.store import IngestConfig, ResumableError, Store, file_digest, ingest, verify_store
+from qasc.engine.store.lexical import PASSAGES, ROWS, passage_texts, row_texts, table_counts, terms_table
+from qasc.kernels.params import QascParams
 from tests.engine.test_store import write_corpus
 
 DOCS = {

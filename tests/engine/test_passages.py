@@ -11,13 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.config import EmbedderConfig, EngineConfig
-from engine.errors import QascError
-from engine.passages import fill_budget, pack_passages
-from engine.query import Engine
-from engine.store import IngestConfig, Store, ingest, verify_store
-from engine.store.files import file_digest
-from kernels.params import QascParams
+from qasc.engine.config import EmbedderConfig, EngineConfig
+from qasc.engine.errors import QascError
+from qasc.engine.passages import fill_budget, pack_passages
+from qasc.engine.query import Engine
+from qasc.engine.store import IngestConfig, Store, ingest, verify_store
+from qasc.engine.store.files import file_digest
+from qasc.kernels.params import QascParams
 from tests.engine.test_lexical_store import drop_term_counts
 from tests.engine.test_store import write_corpus
 
@@ -254,8 +254,8 @@ def test_damaged_passages_are_refused(tmp_path, tiny_model):
 def test_blocked_cosine_scan_equals_the_dense_top_k(n_q, n_p, k, block, seed):
     import torch
 
-    from engine import fill
-    from engine.passages import Passages
+    from qasc.engine import fill
+    from qasc.engine.passages import Passages
 
     g = torch.Generator().manual_seed(seed)
     emb = torch.nn.functional.normalize(torch.randn(n_p, 8, generator=g), dim=1)
@@ -284,8 +284,8 @@ def test_the_harness_budget_view_is_the_engines_fill(cat_store):
     diversity that is the engine's answer with the same score margin (for budgets of at least max_tokens: a
     smaller budget also caps the engine's chunks): by default the shipped margin, as `qasc query --budget-tokens`
     keeps its chunks."""
-    from jobs.eval import qasc as Q
-    from jobs.eval.qasc import BudgetFill, chunks_to_hits
+    from qasc.jobs.eval import qasc as Q
+    from qasc.jobs.eval.qasc import BudgetFill, chunks_to_hits
 
     engine = Engine.open(str(cat_store))
     questions = ["How do cats communicate?", "What do dogs do for farmers?", "Which animals sleep a lot?"]
@@ -309,7 +309,7 @@ def test_the_harness_budget_view_is_the_engines_fill(cat_store):
 def test_fill_units_take_rows_only_below_the_spread_gate(cat_store):
     import torch
 
-    from engine.fill import merge_units
+    from qasc.engine.fill import merge_units
 
     engine = Engine.open(str(cat_store))
     tier = engine.passage_tier()
@@ -330,7 +330,7 @@ def test_fill_units_take_rows_only_below_the_spread_gate(cat_store):
 def test_passages_of_many_shards_read_into_one_array(tmp_path, tiny_model):
     """Store.passages reads shard by shard into one preallocated array: the same values, order and dtype as each
     shard's own passages concatenated; a passages file gone missing is a clear error."""
-    from engine.store.reader import load_passages
+    from qasc.engine.store.reader import load_passages
 
     docs = {f"{name}{i}": text for i in range(3) for name, text in DOCS.items()}  # six documents, one per shard
     src = write_corpus(tmp_path / "src", docs)

@@ -7,8 +7,8 @@ import csv
 import numpy as np
 import pytest
 
-from engine.config import RetrievalConfig
-from kernels.params import QascParams
+from qasc.engine.config import RetrievalConfig
+from qasc.kernels.params import QascParams
 from tests.conftest import CHROMA
 
 CHROMA_QUESTIONS = CHROMA / "questions.csv"
@@ -32,7 +32,7 @@ SETTINGS = [
 
 @pytest.fixture(scope="module")
 def demo_engine(demo_store):
-    from engine.query import Engine
+    from qasc.engine.query import Engine
 
     return Engine.open(str(demo_store), device="cpu")
 
@@ -78,7 +78,7 @@ def test_assembly_equals_reference(demo_engine, params):
     """Engine.query_embedded's chunks (vectorized assembly) are those of the per-chunk loop twin."""
     import torch
 
-    from engine.assemble import assemble_chunks_reference
+    from qasc.engine.assemble import assemble_chunks_reference
 
     emb = demo_engine.embed_queries(QUESTIONS)
     retrieval = RetrievalConfig(depth=6, neighbourhood=3)
@@ -98,7 +98,7 @@ def test_answers_the_obvious(demo_engine):
 
 
 def test_chroma_general_every_question_answered(chroma_store):
-    from engine.query import Engine
+    from qasc.engine.query import Engine
 
     engine = Engine.open(str(chroma_store), device="cpu")
     with open(CHROMA_QUESTIONS, newline="", encoding="utf-8") as fh:

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.errors import QascError
-from engine.store import index as faiss_index
-from engine.store.search import ExactSearcher, FaissSearcher, IvfSettings, ivf_params, store_searcher
+from qasc.engine.errors import QascError
+from qasc.engine.store import index as faiss_index
+from qasc.engine.store.search import ExactSearcher, FaissSearcher, IvfSettings, ivf_params, store_searcher
 from tests.conftest import REPO
 
 CORPORA = REPO.parent / "shared" / "data" / "chroma_general" / "corpora"

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from engine.errors import QascError
-from engine.store import (
+from qasc.engine.errors import QascError
+from qasc.engine.store import (
     DOCUMENTS_SCHEMA,
     IngestConfig,
     Store,
@@ -21,8 +21,8 @@ from engine.store import (
     sentences_schema,
     verify_store,
 )
-from engine.store import index as faiss_index
-from engine.store.files import ResumableError
+from qasc.engine.store import index as faiss_index
+from qasc.engine.store.files import ResumableError
 
 DOCS = {
     "alpha": "# Alpha\n\nThe first document has two paragraphs. It talks about lighthouses and lenses.\n\n"
@@ -147,7 +147,7 @@ def test_choose_kind():
 
 @pytest.fixture(scope="module")
 def small_store(tmp_path_factory, tiny_model) -> Path:
-    from engine.config import EmbedderConfig, EngineConfig
+    from qasc.engine.config import EmbedderConfig, EngineConfig
 
     tmp = tmp_path_factory.mktemp("small")
     path = tmp / "store"
@@ -158,7 +158,7 @@ def small_store(tmp_path_factory, tiny_model) -> Path:
 
 @pytest.mark.slow
 def test_round_trip_exact_offsets_and_schemas(small_store, tiny_model):
-    from engine.tokencap import count_tokens, load_tokenizer
+    from qasc.engine.tokencap import count_tokens, load_tokenizer
 
     store = Store.open(small_store)
     assert store.doc_ids == sorted(DOCS) and [d.text for d in store.docs] == [DOCS[k] for k in sorted(DOCS)]
@@ -197,7 +197,7 @@ def test_round_trip_exact_offsets_and_schemas(small_store, tiny_model):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ivf", "hnsw"])
 def test_index_flag_and_float16(tmp_path, tiny_model, kind):
-    from engine.config import EmbedderConfig, EngineConfig
+    from qasc.engine.config import EmbedderConfig, EngineConfig
 
     config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
     corpus = write_corpus(tmp_path / "corpus")
@@ -212,7 +212,7 @@ def test_index_flag_and_float16(tmp_path, tiny_model, kind):
     assert (store.search(store.embeddings, 1)[1][:, 0] == np.arange(len(store))).mean() > 0.9
     assert all(ok for _, ok, _ in verify_store(tmp_path / "s"))
     if kind == "ivf":  # FAISS's own search of the 8-bit lists, its 2 x k hits re-ranked exactly
-        from engine.store.search import FaissSearcher, IvfSettings
+        from qasc.engine.store.search import FaissSearcher, IvfSettings
 
         searcher = store.searcher()
         assert isinstance(searcher, FaissSearcher) and searcher.rerank == 2
@@ -257,8 +257,8 @@ def test_open_errors(tmp_path):
 def test_index_built_in_a_child_process_is_the_same(tmp_path, tiny_model, monkeypatch):
     """From INDEX_CHILD_MIN_ROWS rows on, the local ingest builds its index in a child process: the same index
     file bytes as in process, the child's peak RSS reported, and a child that dies leaves a resumable store."""
-    from engine.config import EmbedderConfig, EngineConfig
-    from engine.store import index_child
+    from qasc.engine.config import EmbedderConfig, EngineConfig
+    from qasc.engine.store import index_child
 
     config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
     corpus = write_corpus(tmp_path / "corpus")
@@ -286,7 +286,7 @@ def test_index_built_in_a_child_process_is_the_same(tmp_path, tiny_model, monkey
 
 def test_index_child_reports_errors_as_the_drivers(tmp_path):
     """A QascError raised in the child is raised in the driver with its message; other errors become QascError."""
-    from engine.store import index_child
+    from qasc.engine.store import index_child
 
     bad = [{"n_sentences": 3, "sentences": "missing.parquet", "dim": 4}]
     with pytest.raises(QascError, match="missing.parquet: missing store file"):
@@ -299,7 +299,7 @@ def test_index_child_reports_errors_as_the_drivers(tmp_path):
 def test_a_stored_config_with_unknown_settings_opens_with_a_warning():
     """A store written by another qasc version may carry settings this one does not know: they are left out with
     a warning, the known ones keep their stored values (a TypeError before)."""
-    from engine.config import EngineConfig
+    from qasc.engine.config import EngineConfig
 
     data = json.loads(EngineConfig().to_json())
     data["qasc"]["a_later_setting"] = 0.02
@@ -315,7 +315,7 @@ def test_a_stored_config_with_unknown_settings_opens_with_a_warning():
 
 def test_a_stored_config_with_unknown_splitter_settings_is_refused():
     """Unknown splitter/embedder settings describe how the stored text was cut and embedded: refused, not guessed."""
-    from engine.config import EngineConfig
+    from qasc.engine.config import EngineConfig
 
     data = json.loads(EngineConfig().to_json())
     data["splitter"]["clause_breaks"] = True
@@ -326,7 +326,7 @@ def test_a_stored_config_with_unknown_splitter_settings_is_refused():
 def test_parquet_vectors_are_written_without_a_dictionary(tmp_path):
     import pyarrow as pa
 
-    from engine.store.files import atomic_parquet, dictionary_columns
+    from qasc.engine.store.files import atomic_parquet, dictionary_columns
 
     values = pa.array(np.random.default_rng(0).random(600 * 8).astype(np.float16))
     table = pa.table({"doc_id": pa.array(["a", "b"] * 300), "row": pa.array(range(600), pa.int32()),

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.errors import QascError
-from engine.store import index as faiss_index
-from engine.store.index import exact_search, exact_topk, recall_at_depth, rerank
-from engine.store.reader import Store
+from qasc.engine.config import EngineConfig
+from qasc.engine.errors import QascError
+from qasc.engine.store import index as faiss_index
+from qasc.engine.store.index import exact_search, exact_topk, recall_at_depth, rerank
+from qasc.engine.store.reader import Store
 
 
 def unit_rows(n: int, dim: int, seed: int) -> np.ndarray:
@@ -183,10 +183,10 @@ def spans(results):
 
 def test_float16_engine_answers_like_float32(monkeypatch):
     """Same chunks, scores within fp16 tolerance; the blocked float32 stats equal the kernels' unblocked ones."""
-    import engine.query as query
-    import engine.tables as tables
-    from kernels.extents import block_stats, neighbour_dots
-    from kernels.params import QascParams
+    import qasc.engine.query as query
+    import qasc.engine.tables as tables
+    from qasc.kernels.extents import block_stats, neighbour_dots
+    from qasc.kernels.params import QascParams
 
     monkeypatch.setattr(tables, "STATS_BLOCK_ROWS", 700)  # several blocks, cut inside documents
     e32 = query.Engine(memory_store("float32"), None, EngineConfig(), torch.device("cpu"))
@@ -215,7 +215,7 @@ def test_float16_engine_answers_like_float32(monkeypatch):
 def test_engine_per_row_arrays_are_int32_and_results_keep_their_types():
     """The per-row arrays (4 bytes per row each: 4 MB per array at 1M rows) hold the documents' own values; the
     result columns keep their declared dtypes (doc and character spans int64)."""
-    from engine.query import Engine
+    from qasc.engine.query import Engine
 
     store = memory_store("float16", n=1200)
     engine = Engine(store, None, EngineConfig(), torch.device("cpu"))
@@ -240,7 +240,7 @@ def test_engine_per_row_arrays_are_int32_and_results_keep_their_types():
 
 
 def test_engine_holds_the_store_vectors_without_a_copy():
-    from engine.query import Engine
+    from qasc.engine.query import Engine
 
     for dtype in ("float32", "float16"):
         store = memory_store(dtype, n=500)
@@ -253,8 +253,8 @@ def test_engine_holds_the_store_vectors_without_a_copy():
 @pytest.fixture(scope="module")
 def fp16_stores(tmp_path_factory, tiny_model):
     """The demo corpus ingested twice with the tiny model: float32 and float16 embeddings (flat index)."""
-    from engine.config import EmbedderConfig
-    from engine.store import IngestConfig, ingest
+    from qasc.engine.config import EmbedderConfig
+    from qasc.engine.store import IngestConfig, ingest
     from tests.conftest import DEMO_CORPUS
 
     root = tmp_path_factory.mktemp("fp16")
@@ -266,7 +266,7 @@ def fp16_stores(tmp_path_factory, tiny_model):
 
 @pytest.mark.slow
 def test_opened_store_is_one_copy_and_fp16_gives_the_same_chunks(fp16_stores):
-    from engine.query import Engine
+    from qasc.engine.query import Engine
 
     e32 = Engine.open(str(fp16_stores / "float32"), device="cpu")
     e16 = Engine.open(str(fp16_stores / "float16"), device="cpu")
@@ -291,9 +291,9 @@ def test_opened_store_is_one_copy_and_fp16_gives_the_same_chunks(fp16_stores):
 
 @pytest.mark.slow
 def test_ivf_store_nprobe_override_and_recall(tmp_path, tiny_model):
-    from engine.config import EmbedderConfig
-    from engine.query import Engine
-    from engine.store import IngestConfig, ingest, verify_store
+    from qasc.engine.config import EmbedderConfig
+    from qasc.engine.query import Engine
+    from qasc.engine.store import IngestConfig, ingest, verify_store
     from tests.conftest import DEMO_CORPUS
 
     config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
@@ -309,7 +309,7 @@ def test_ivf_store_nprobe_override_and_recall(tmp_path, tiny_model):
     assert Engine.open(str(tmp_path / "s"), device="cpu", nprobe=1).store.index.nprobe == 1
     with pytest.raises(QascError, match="nprobe"):
         Store.open(tmp_path / "s", nprobe=params["nlist"] + 1)
-    from jobs.cli import main  # qasc query --max-codes: a budget of codes per query, through the same search
+    from qasc.jobs.cli import main  # qasc query --max-codes: a budget of codes per query, through the same search
 
     answers = {}
     for budget in (None, 0, 1):
@@ -319,7 +319,7 @@ def test_ivf_store_nprobe_override_and_recall(tmp_path, tiny_model):
                      *flags]) == 0
         answers[budget] = out.read_text()
     assert answers[0] == answers[None] and answers[1] != answers[None]  # 0: no budget; 1 code: other chunks
-    from engine.store.search import IvfSettings  # the same settings as one value, passed to Engine.open
+    from qasc.engine.store.search import IvfSettings  # the same settings as one value, passed to Engine.open
 
     ivf = Engine.open(str(tmp_path / "s"), device="cpu", ivf=IvfSettings(1, 3))
     assert ivf.store.ivf == IvfSettings(1, 3) and ivf.store.index.nprobe == 1 and ivf.store.index.max_codes == 0

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-import engine.threads as threads
-from engine.threads import ThreadGovernor
+import qasc.engine.threads as threads
+from qasc.engine.threads import ThreadGovernor
 
 
 class FakeMachine:
@@ -117,8 +117,8 @@ def test_own_runnable_is_zero_where_proc_is_missing(tmp_path):
 def test_engine_batches_run_under_the_governor_and_restore_torch_threads(monkeypatch):
     """Every slice counted as busy: the slices after the first run at one thread, and the caller's count is back
     once the batch ends, also when the consumer stops early; small batches are left alone."""
-    import engine.query as query
-    from engine.config import EngineConfig
+    import qasc.engine.query as query
+    from qasc.engine.config import EngineConfig
     from tests.engine.test_store_memory import memory_store
 
     if threads.run_delay_ns() is None:

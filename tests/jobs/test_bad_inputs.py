@@ -16,10 +16,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.config import EmbedderConfig, EngineConfig
-from engine.errors import QascError
-from engine.store import IngestConfig, Store, ingest, verify_store
-from jobs.cli import main
+from qasc.engine.config import EmbedderConfig, EngineConfig
+from qasc.engine.errors import QascError
+from qasc.engine.store import IngestConfig, Store, ingest, verify_store
+from qasc.jobs.cli import main
 from tests.conftest import REPO
 from tests.engine.test_ingest import HashEmbedder
 from tests.engine.test_store import write_corpus

@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from engine.config import BUDGET_PROFILE, BUDGET_PROFILE_RETRIEVAL, RetrievalConfig, budget_setting
-from jobs.eval import qasc as Q
-from jobs.eval.suite import is_budget_profile
-from jobs.params_cli import add_qasc_arguments, setting_from_args
-from kernels.params import QascParams
+from qasc.engine.config import BUDGET_PROFILE, BUDGET_PROFILE_RETRIEVAL, RetrievalConfig, budget_setting
+from qasc.jobs.eval import qasc as Q
+from qasc.jobs.eval.suite import is_budget_profile
+from qasc.jobs.params_cli import add_qasc_arguments, setting_from_args
+from qasc.kernels.params import QascParams
 
 SHIPPED, SHIPPED_RETRIEVAL = QascParams(), RetrievalConfig()
 
@@ -82,7 +82,7 @@ def _rows(path):
 
 @pytest.mark.slow
 def test_cli_budget_answers_with_the_profile(demo_store, tmp_path, capsys):
-    from jobs.cli import main
+    from qasc.jobs.cli import main
     from tests.engine.test_query import QUESTIONS
 
     queries = tmp_path / "q.jsonl"

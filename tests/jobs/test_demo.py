@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.query import Engine
-from jobs.demo_cmd import DEMO_QUESTIONS
+from qasc.engine.query import Engine
+from qasc.jobs.demo_cmd import DEMO_QUESTIONS
 
 pytestmark = pytest.mark.slow
 

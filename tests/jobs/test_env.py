@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from jobs.env import ENV_DEFAULTS, OPENMP_SPIN_COUNT, set_env_defaults
+from qasc.jobs.env import ENV_DEFAULTS, OPENMP_SPIN_COUNT, set_env_defaults
 
 
 def test_env_defaults_set_missing_keep_given(monkeypatch):

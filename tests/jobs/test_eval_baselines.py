@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jobs.eval import baselines as B
+from qasc.jobs.eval import baselines as B
 
 TEXT = (
     "# Lighthouses\n\nA lighthouse is a tower that emits light. It guides ships at night. Fresnel lenses made "
@@ -17,7 +17,7 @@ TEXT = (
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from engine.tokencap import load_tokenizer
+    from qasc.engine.tokencap import load_tokenizer
 
     return load_tokenizer(None)
 
@@ -59,7 +59,7 @@ def test_recursive_cl100k_tokens():
 
 
 def test_sentences_are_the_store_rows(tokenizer):
-    from engine.splitter import split_sentences
+    from qasc.engine.splitter import split_sentences
 
     spans = B.SentenceChunker(tokenizer).spans("d", TEXT)
     s = split_sentences(TEXT, "d")

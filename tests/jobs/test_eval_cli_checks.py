@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from jobs.cli import main
+from qasc.jobs.cli import main
 from tests.jobs.test_eval_harness import write_dataset
 
 
@@ -47,7 +47,7 @@ def test_out_folder_of_someone_else_is_not_overwritten(tmp_path, sets, capsys):
 
 
 def test_a_previous_eval_folder_may_be_reused(tmp_path):
-    from jobs.eval_cmd import check_out_dir
+    from qasc.jobs.eval_cmd import check_out_dir
 
     prev = tmp_path / "prev"
     prev.mkdir()

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jobs.eval.context import chunk_paths, context_ranked, path_vectors
-from jobs.eval.retrieval import ChunkSet
+from qasc.jobs.eval.context import chunk_paths, context_ranked, path_vectors
+from qasc.jobs.eval.retrieval import ChunkSet
 
 BODY = "We never sell your personal data to advertisers."
 DOCS = {"a": f"# Privacy policy of a.com\n\n{BODY}\n", "b": f"# Privacy policy of b.com\n\n{BODY}\n",
@@ -68,8 +68,8 @@ def test_context_residual_takes_the_heading_part_off_each_chunk(embedder):
 def test_context_adds_the_same_lexical_term(embedder):
     """The baselines get QASC's lexical term: + alpha * BM25(chunk text) / best, for every query; with the heading
     context on, a chunk's own heading words do not count (the engine's rule)."""
-    from engine.lexical import LexicalIndex
-    from jobs.eval.context import Lexical
+    from qasc.engine.lexical import LexicalIndex
+    from qasc.jobs.eval.context import Lexical
 
     chunks = _chunks(embedder)
     paths, ids = chunk_paths(chunks, DOCS)
@@ -87,7 +87,7 @@ def test_context_adds_the_same_lexical_term(embedder):
         assert lex[key] == pytest.approx(plain[key] + 0.8 * bm25[i] / float(best[0]), abs=1e-5)
     assert bm25.max() > 0
     # with the heading context, a chunk's own heading words leave its BM25 ("privacy", "policy" under the policies)
-    from engine.lexical import terms as terms_of
+    from qasc.engine.lexical import terms as terms_of
 
     question = "Does the privacy policy say bread needs a long proof?"
     q = embedder.encode([question])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jobs.eval.crossval import best_in_sample, choose, leave_one_corpus_out
+from qasc.jobs.eval.crossval import best_in_sample, choose, leave_one_corpus_out
 
 
 def test_choice_uses_only_the_other_corpora():

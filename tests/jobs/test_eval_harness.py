@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.errors import QascError
-from engine.types import Chunk
-from jobs.eval import qasc as Q
-from jobs.eval.data import load_dataset
-from jobs.eval.harness import EvalConfig, run_eval
-from jobs.eval.retrieval import EvalCache, TokenCutter, build_chunkset, within_budget
+from qasc.engine.errors import QascError
+from qasc.engine.types import Chunk
+from qasc.jobs.eval import qasc as Q
+from qasc.jobs.eval.data import load_dataset
+from qasc.jobs.eval.harness import EvalConfig, run_eval
+from qasc.jobs.eval.retrieval import EvalCache, TokenCutter, build_chunkset, within_budget
 
 CORPORA = {
     "boats": "# Boats\n\nA sailboat uses wind. The keel keeps it upright. Sails catch the wind.\n\n"
@@ -63,7 +63,7 @@ class HashEmbedder:
     name, fingerprint, dim, dtype = "hash", "hash0001", 64, torch.float32
 
     def __init__(self):
-        from engine.tokencap import load_tokenizer
+        from qasc.engine.tokencap import load_tokenizer
 
         self.tokenizer = load_tokenizer(None)
         self.encoded = 0
@@ -86,7 +86,7 @@ class FakeEngine:
     hit's similarity: enough of the engine's interface (query_embedded) to drive the harness."""
 
     def __init__(self, dataset, embedder):
-        from jobs.eval.baselines import sentence_spans
+        from qasc.jobs.eval.baselines import sentence_spans
 
         self.docs = [sentence_spans(dataset.corpora[c], c, embedder.tokenizer) for c in sorted(dataset.corpora)]
         self.emb = [embedder.encode(d.texts()) for d in self.docs]
@@ -185,7 +185,7 @@ def test_loader_refuses_ambiguous_or_unreadable_corpora_and_reads_a_bom(tmp_path
 
 
 def test_cache_avoids_re_embedding(tmp_path, embedder):
-    from jobs.eval.baselines import FixedTokenChunker
+    from qasc.jobs.eval.baselines import FixedTokenChunker
 
     cache = EvalCache(tmp_path / "cache")
     chunker = FixedTokenChunker(8, embedder.tokenizer)
@@ -326,7 +326,7 @@ def test_agentic_chunker_and_judge_in_a_run(tmp_path, embedder, chat_server):
 
 
 def test_llm_client_and_judge_against_a_local_server():
-    from jobs.eval.llm import ChatClient, generate_and_judge, parse_score
+    from qasc.jobs.eval.llm import ChatClient, generate_and_judge, parse_score
 
     server = HTTPServer(("127.0.0.1", 0), _ChatHandler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jobs.eval.metrics import (
+from qasc.jobs.eval.metrics import (
     bootstrap_ci,
     intersection_length,
     merge_intervals,

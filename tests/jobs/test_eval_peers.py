@@ -8,10 +8,10 @@ import sys
 import numpy as np
 import pytest
 
-from engine.errors import QascError
-from jobs.eval import peers as P
-from jobs.eval.peer_methods import make_peer
-from jobs.eval.retrieval import ChunkSet, TokenCutter
+from qasc.engine.errors import QascError
+from qasc.jobs.eval import peers as P
+from qasc.jobs.eval.peer_methods import make_peer
+from qasc.jobs.eval.retrieval import ChunkSet, TokenCutter
 
 TEXT = (
     "# Lighthouses\n\nA lighthouse is a tower that emits light.   It guides ships at night. Fresnel lenses made "
@@ -205,8 +205,8 @@ def test_missing_package_names_the_extra(monkeypatch, embedder, tok):
 
 
 def test_harness_builds_every_peer(embedder):
-    from jobs.eval import baselines as B
-    from jobs.eval.harness import EvalConfig, make_chunkers
+    from qasc.jobs.eval import baselines as B
+    from qasc.jobs.eval.harness import EvalConfig, make_chunkers
 
     names = [m for m in B.DEFAULT_METHODS if m in P.PEER_METHODS]
     assert names == list(P.PEER_METHODS)
@@ -217,7 +217,7 @@ def test_harness_builds_every_peer(embedder):
 
 
 def test_own_semantic_chunker_is_capped():
-    from jobs.eval import baselines as B
+    from qasc.jobs.eval import baselines as B
 
     spans = [(i * 10, i * 10 + 9) for i in range(6)]
     emb = np.tile(np.array([[1.0, 0.0]], np.float32), (6, 1))

@@ -10,12 +10,12 @@ import socket
 import numpy as np
 import pytest
 
-from engine.errors import QascError
-from jobs.eval import hybrid as H
-from jobs.eval import pipelines as PL
-from jobs.eval.data import Question
-from jobs.eval.harness import EvalConfig, make_chunkers, parse_method, run_eval
-from jobs.eval.retrieval import EvalCache, build_chunkset, ranked_hits
+from qasc.engine.errors import QascError
+from qasc.jobs.eval import hybrid as H
+from qasc.jobs.eval import pipelines as PL
+from qasc.jobs.eval.data import Question
+from qasc.jobs.eval.harness import EvalConfig, make_chunkers, parse_method, run_eval
+from qasc.jobs.eval.retrieval import EvalCache, build_chunkset, ranked_hits
 from tests.jobs.test_eval_harness import HashEmbedder, write_dataset
 from tests.jobs.test_eval_peers import TEXT, squeeze
 

@@ -21,23 +21,23 @@ CACHE = os.environ.get("QASC_EVAL_CACHE", "/tmp/qasc-eval-cache")
 def chroma():
     if not (CHROMA / "corpora").is_dir():
         pytest.skip(f"chroma_general not found at {CHROMA}")
-    from jobs.eval.data import load_dataset
+    from qasc.jobs.eval.data import load_dataset
 
     return load_dataset(CHROMA)
 
 
 @pytest.fixture(scope="module")
 def eval_embedder():
-    from jobs.eval.harness import make_embedder
+    from qasc.jobs.eval.harness import make_embedder
 
     return make_embedder("cpu", "fast")
 
 
 def test_recursive_200_tokens_k5_matches_chroma(chroma, eval_embedder):
     """Chroma's report: RecursiveTokenChunker 200 tokens, overlap 0, k=5 -> recall 75.7, precision 6.5."""
-    from jobs.eval.baselines import RecursiveTokenChunker
-    from jobs.eval.harness import query_embeddings, score_hits
-    from jobs.eval.retrieval import EvalCache, build_chunkset, ranked_hits
+    from qasc.jobs.eval.baselines import RecursiveTokenChunker
+    from qasc.jobs.eval.harness import query_embeddings, score_hits
+    from qasc.jobs.eval.retrieval import EvalCache, build_chunkset, ranked_hits
 
     cache = EvalCache(CACHE)
     chunks = build_chunkset(RecursiveTokenChunker(200), chroma.corpora, eval_embedder, cache)
@@ -51,7 +51,7 @@ def test_recursive_200_tokens_k5_matches_chroma(chroma, eval_embedder):
 def test_quick_cli_run(tmp_path):
     if not (CHROMA / "corpora").is_dir():
         pytest.skip(f"chroma_general not found at {CHROMA}")
-    from jobs.cli import main
+    from qasc.jobs.cli import main
 
     out = tmp_path / "eval"
     rc = main(["eval", "--data", str(CHROMA), "--out", str(out), "--quick", "--cache-dir", CACHE,

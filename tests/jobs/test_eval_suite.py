@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from jobs.eval import qasc as Q
-from jobs.eval.harness import EvalConfig
-from jobs.eval.suite import run_suite
+from qasc.jobs.eval import qasc as Q
+from qasc.jobs.eval.harness import EvalConfig
+from qasc.jobs.eval.suite import run_suite
 from tests.jobs.test_eval_harness import CORPORA, HashEmbedder, fake_factory, write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def test_suite_holds_each_dataset_out(tmp_path):
 
 def test_suite_choice_is_made_on_the_other_set(tmp_path):
     """A candidate that is best on set_b only must not be chosen for set_b's fold."""
-    from jobs.eval.crossval import leave_one_corpus_out
+    from qasc.jobs.eval.crossval import leave_one_corpus_out
 
     f1_good_on_b = np.array([0.0, 0.0, 1.0, 1.0])
     f1_good_on_a = np.array([1.0, 1.0, 0.0, 0.0])
@@ -78,7 +78,7 @@ def test_suite_choice_is_made_on_the_other_set(tmp_path):
 
 
 def test_suite_needs_two_distinct_sets(tmp_path):
-    from engine.errors import QascError
+    from qasc.engine.errors import QascError
 
     a = write_dataset(tmp_path / "one")
     cfg = EvalConfig(data_dir=str(a), out_dir=str(tmp_path / "out"), cache_dir=None, methods=("sentences",), ks=(1,),
@@ -95,7 +95,7 @@ def test_eval_cli_runs_the_suite_on_two_tiny_sets(tmp_path):
     dirs = two_sets(tmp_path)
     out = tmp_path / "out"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, "-m", "jobs.cli", "eval", "--data", ",".join(dirs), "--out", str(out), "--cache-dir",
+    cmd = [sys.executable, "-m", "qasc.jobs.cli", "eval", "--data", ",".join(dirs), "--out", str(out), "--cache-dir",
            str(tmp_path / "cache"), "--methods", "fixed-64,sentences,qasc", "--ks", "1,2", "--budgets", "50,400",
            "--grid", "quick", "--bootstrap", "20"]
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

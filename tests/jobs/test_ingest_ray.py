@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from engine.config import EmbedderConfig, EngineConfig
-from engine.store import IngestConfig, ingest, verify_store
-from jobs.ingest_ray import FAULT_MARKER_ENV, RayRunner
+from qasc.engine.config import EmbedderConfig, EngineConfig
+from qasc.engine.store import IngestConfig, ingest, verify_store
+from qasc.jobs.ingest_ray import FAULT_MARKER_ENV, RayRunner
 from tests.conftest import DEMO_CORPUS
 from tests.engine.test_store import assert_same_store, snapshot, write_corpus
 
@@ -48,7 +48,7 @@ def test_in_memory_table_on_ray(tmp_path, ray_session, tiny_model):
     """ingest_table with the Ray runner: the documents travel in the IngestContext; same store as local."""
     import pyarrow as pa
 
-    from engine.store import ingest_table
+    from qasc.engine.store import ingest_table
 
     table = pa.table({"id": [f"doc{i}" for i in range(6)], "text": [f"Document number {i}. It has two sentences."
                                                                      for i in range(6)], "n": list(range(6))})

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from engine import presets
-from engine.config import RetrievalConfig, budget_setting
-from engine.errors import QascError
-from jobs.params_cli import ADVANCED_TITLE, MAIN_FIELDS, setting_from_args
-from kernels.params import QascParams
+from qasc.engine import presets
+from qasc.engine.config import RetrievalConfig, budget_setting
+from qasc.engine.errors import QascError
+from qasc.jobs.params_cli import ADVANCED_TITLE, MAIN_FIELDS, setting_from_args
+from qasc.kernels.params import QascParams
 
 SHIPPED, SHIPPED_RETRIEVAL = QascParams(), RetrievalConfig()
 QUERY_DOC = Path(__file__).resolve().parents[2] / "docs" / "query.md"  # the "Query flags" tables (README links it)
@@ -77,7 +77,7 @@ def test_describe_says_which_preset_and_what_differs():
 
 
 def _parser() -> argparse.ArgumentParser:
-    from jobs.cli import build_parser
+    from qasc.jobs.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     return sub.choices["query"]
@@ -178,7 +178,7 @@ def test_readme_tables_list_exactly_the_flags_of_help():
     (["--preset", "context", "--top-k", "2"], "qasc query: preset context (budget 400 tokens; --preset answers"),
 ])
 def test_cli_prints_which_preset_answered(demo_store, tmp_path, capsys, argv, line):
-    from jobs.cli import main
+    from qasc.jobs.cli import main
 
     base = ["query", "--store", str(demo_store)]
     assert main([*base, "--question", "Who invented the Fresnel lens?", *argv]) == 0  # a table

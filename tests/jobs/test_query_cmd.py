@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from engine.config import RetrievalConfig
-from kernels.params import QascParams
+from qasc.engine.config import RetrievalConfig
+from qasc.kernels.params import QascParams
 from tests.engine.test_query import QUESTIONS
 
 pytestmark = pytest.mark.slow
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 def test_cli_query_jsonl_and_parquet(demo_store, tmp_path, capsys):
     import pyarrow.parquet as pq
 
-    from jobs.cli import main
+    from qasc.jobs.cli import main
 
     queries = tmp_path / "q.csv"
     with open(queries, "w", newline="") as fh:
@@ -68,7 +68,7 @@ def test_cli_query_jsonl_and_parquet(demo_store, tmp_path, capsys):
     ],
 )
 def test_cli_query_rejects_bad_parameters(demo_store, tmp_path, capsys, argv, message):
-    from jobs.cli import main
+    from qasc.jobs.cli import main
 
     base = ["query", "--store", str(demo_store)]
     if "--question" not in argv:
@@ -85,7 +85,7 @@ def test_cli_query_rejects_bad_parameters(demo_store, tmp_path, capsys, argv, me
 
 
 def test_cli_query_rejects_bad_queries_file(demo_store, tmp_path, capsys):
-    from jobs.cli import main
+    from qasc.jobs.cli import main
 
     bad = tmp_path / "q.csv"
     bad.write_text("text\nhello\n")
@@ -98,7 +98,7 @@ def test_cli_query_rejects_bad_queries_file(demo_store, tmp_path, capsys):
 def test_cli_query_names_duplicate_ids_and_refuses_empty_stdin(demo_store, tmp_path, capsys, monkeypatch):
     import io
 
-    from jobs.cli import main
+    from qasc.jobs.cli import main
 
     dup = tmp_path / "dup.csv"
     dup.write_text("id,question\nq0,A?\nq1,B?\nq0,C?\n")
@@ -114,9 +114,9 @@ def test_cli_query_names_duplicate_ids_and_refuses_empty_stdin(demo_store, tmp_p
 def test_ray_query_job_equals_local(demo_store, ray_session):
     """The Ray job's batches, in the order they are yielded, are the local path's rows (Ray Data keeps the
     shards' order: no sort on the driver)."""
-    from engine.query import Engine
-    from jobs.query_ray import run_query_job
-    from jobs.results import result_rows, results_schema
+    from qasc.engine.query import Engine
+    from qasc.jobs.query_ray import run_query_job
+    from qasc.jobs.results import result_rows, results_schema
 
     params, retrieval = QascParams(top_k=2, radius=1), RetrievalConfig(depth=6, neighbourhood=2)
     ids = [f"q{i}" for i in range(len(QUESTIONS))]
@@ -132,8 +132,8 @@ def test_ray_query_job_equals_local(demo_store, ray_session):
 
 
 def test_rows_round_trip_to_chunks(demo_store):
-    from engine.query import Engine
-    from jobs.results import result_rows, rows_to_chunks, to_table
+    from qasc.engine.query import Engine
+    from qasc.jobs.results import result_rows, rows_to_chunks, to_table
 
     ids = [f"q{i}" for i in range(len(QUESTIONS))]
     results = Engine.open(str(demo_store), device="cpu").query(QUESTIONS, QascParams(top_k=2))
@@ -148,7 +148,7 @@ def test_cli_out_streams_slices(demo_store, tmp_path):
     of one big slice."""
     import pyarrow.parquet as pq
 
-    from jobs.cli import main
+    from qasc.jobs.cli import main
 
     queries = tmp_path / "q.jsonl"
     queries.write_text("".join(json.dumps({"id": f"x{i}", "question": q}) + "\n" for i, q in enumerate(QUESTIONS)))

@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.errors import QascError
-from jobs.results import RESULT_COLUMNS, results_schema
+from qasc.engine.errors import QascError
+from qasc.jobs.results import RESULT_COLUMNS, results_schema
 from tests.conftest import REPO
 from tests.engine.test_ingest_table import run_readme_example
 from tests.engine.test_query import QUESTIONS
@@ -55,7 +55,7 @@ def questions_file(tmp_path_factory):
 def cli_rows(demo_store, questions_file) -> list[dict]:
     """`qasc query --queries questions.parquet --out X.parquet` (local path) with the same overrides."""
     out = questions_file.parent / "cli.parquet"
-    proc = subprocess.run([sys.executable, "-m", "jobs.cli", "query", "--store", str(demo_store), "--queries",
+    proc = subprocess.run([sys.executable, "-m", "qasc.jobs.cli", "query", "--store", str(demo_store), "--queries",
                            str(questions_file), "--out", str(out), "--device", "cpu", *cli_flags(OVERRIDES)],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -69,7 +69,7 @@ def test_map_batches_equals_qasc_query(demo_store, questions_file, cli_rows, tmp
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
-    from jobs.ray_data import QascQuery
+    from qasc.jobs.ray_data import QascQuery
 
     DataContext.get_current().enable_progress_bars = False
     ds = ray.data.read_parquet(str(questions_file))
@@ -85,7 +85,7 @@ def test_map_batches_equals_qasc_query(demo_store, questions_file, cli_rows, tmp
 
 def test_batch_formats_ids_and_bad_batches(demo_store, cli_rows):
     pd = pytest.importorskip("pandas")
-    from jobs.ray_data import QascQuery
+    from qasc.jobs.ray_data import QascQuery
 
     stage = QascQuery(str(demo_store), device="cpu", params={"top_k": 2, "radius": 1}, retrieval={"depth": 6},
                       neighbourhood=2)

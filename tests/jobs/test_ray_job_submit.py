@@ -104,14 +104,14 @@ def test_ray_job_submit_query_equals_local(cluster, demo_store, tmp_path):
     queries.write_text("id,question\n" + "".join(f"q{i},{q}\n" for i, q in enumerate(QUESTIONS)))
     local, remote = tmp_path / "local.jsonl", tmp_path / "ray.jsonl"
     args = ["query", "--store", str(demo_store), "--queries", str(queries), "--device", "cpu"]
-    done = subprocess.run([sys.executable, "-m", "jobs.cli", *args, "--out", str(local)], cwd=REPO, env=_env(),
+    done = subprocess.run([sys.executable, "-m", "qasc.jobs.cli", *args, "--out", str(local)], cwd=REPO, env=_env(),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
 
     runtime_env = {"env_vars": {"PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                                 "RAY_USAGE_STATS_ENABLED": "0"}}
     submit = [str(RAY), "job", "submit", "--address", cluster, "--runtime-env-json", json.dumps(runtime_env), "--",
-              sys.executable, "-m", "jobs.cli", *args, "--ray", "--workers", "1", "--out", str(remote)]
+              sys.executable, "-m", "qasc.jobs.cli", *args, "--ray", "--workers", "1", "--out", str(remote)]
     job = subprocess.run(submit, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
     logs = (job.stdout + job.stderr)[-4000:]
     assert job.returncode == 0 and "succeeded" in logs, logs

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import QascError
-from jobs.ray_session import JOB_ENV, REPO, actor_placement, ray_init_kwargs, target_address
+from qasc.engine.errors import QascError
+from qasc.jobs.ray_session import JOB_ENV, REPO, actor_placement, ray_init_kwargs, target_address
 
 IN_JOB = {JOB_ENV: "{}", "RAY_ADDRESS": "127.0.0.1:6379"}
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from engine.errors import QascError
-from engine.query import MAX_QUERY_CHARS
-from jobs.query_cmd import read_queries
+from qasc.engine.errors import QascError
+from qasc.engine.query import MAX_QUERY_CHARS
+from qasc.jobs.query_cmd import read_queries
 
 
 def test_csv_ids_are_read_verbatim(tmp_path):

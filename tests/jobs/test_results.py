@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from engine.columns import results_schema
-from engine.errors import QascError
-from jobs.results import ResultWriter, rows_to_table
+from qasc.engine.columns import results_schema
+from qasc.engine.errors import QascError
+from qasc.jobs.results import ResultWriter, rows_to_table
 
 
 def _rows(lo: int, n: int) -> list[dict]:

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels
-import kernels.reference as ref
+import qasc.kernels.reference as ref
+from qasc.kernels import candidates
 
 
 @st.composite
@@ -43,7 +43,7 @@ def stores_and_hits(draw: st.DrawFn) -> dict:
 @settings(max_examples=300, deadline=None, database=None)
 @given(stores_and_hits())
 def test_candidate_rows_matches_reference(case: dict) -> None:
-    fast = kernels.candidate_rows(**case)
+    fast = candidates.candidate_rows(**case)
     slow = ref.candidate_rows(**case)
     for name in ("rows", "valid", "region"):
         a, b = getattr(fast, name), getattr(slow, name)
@@ -55,10 +55,10 @@ def test_candidate_rows_regions_split_at_documents() -> None:
     """Two adjacent rows of different documents are two regions; a gap inside one document too."""
     doc_first = torch.tensor([0, 0, 0, 3, 3, 3])
     doc_last = torch.tensor([2, 2, 2, 5, 5, 5])
-    got = kernels.candidate_rows(torch.tensor([[2, 3, -1]]), doc_first, doc_last, 1, 6)
+    got = candidates.candidate_rows(torch.tensor([[2, 3, -1]]), doc_first, doc_last, 1, 6)
     assert got.rows.tolist() == [[1, 2, 3, 4]]
     assert got.region.tolist() == [[1, 1, 2, 2]]
-    got = kernels.candidate_rows(torch.tensor([[0, 5]]), doc_first, doc_last, 0, 6)
+    got = candidates.candidate_rows(torch.tensor([[0, 5]]), doc_first, doc_last, 0, 6)
     assert got.region.tolist() == [[1, 2]] and got.valid.all()
 
 
@@ -68,8 +68,8 @@ def test_candidate_rows_bring_whole_blocks() -> None:
     doc_last = torch.tensor([5] * 6 + [7] * 2)
     block_first = torch.tensor([0, 1, 1, 1, 1, 5, 6, 7])
     block_last = torch.tensor([0, 4, 4, 4, 4, 5, 6, 7])
-    got = kernels.candidate_rows(torch.tensor([[2, 6]]), doc_first, doc_last, 0, 8, block_first, block_last, 4)
+    got = candidates.candidate_rows(torch.tensor([[2, 6]]), doc_first, doc_last, 0, 8, block_first, block_last, 4)
     assert got.rows.tolist() == [[1, 2, 3, 4, 6]]
     assert got.region.tolist() == [[1, 1, 1, 1, 2]]
-    got = kernels.candidate_rows(torch.tensor([[2, 6]]), doc_first, doc_last, 0, 8)
+    got = candidates.candidate_rows(torch.tensor([[2, 6]]), doc_first, doc_last, 0, 8)
     assert got.rows.tolist() == [[2, 6]]

@@ -10,9 +10,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernels
-import kernels.reference as ref
-from kernels.context import context_boost, heading_gate, heading_residual, int8_heading_table
+import qasc.kernels.reference as ref
+from qasc.kernels import context
+from qasc.kernels.context import context_boost, heading_gate, heading_residual, int8_heading_table
 
 GRID = [k / 8 for k in range(-8, 9)]
 
@@ -129,7 +129,7 @@ def path_cases(draw: st.DrawFn) -> dict:
 @settings(max_examples=300, deadline=None, database=None)
 @given(path_cases())
 def test_best_paths_matches_reference(case: dict) -> None:
-    scores, paths = kernels.best_paths(**case)
+    scores, paths = context.best_paths(**case)
     ref_scores, ref_paths = ref.best_paths(**case)
     assert scores.shape == ref_scores.shape == paths.shape and paths.dtype == torch.long
     # the shortlist is re-scored in float32, exact on these small integers; int8 rounds each product by less
@@ -149,13 +149,13 @@ def test_best_paths_shortlist_rescored_exactly() -> None:
     g = torch.Generator().manual_seed(5)
     emb = torch.nn.functional.normalize(torch.randn(300, 32, generator=g), dim=1)
     query = torch.nn.functional.normalize(torch.randn(20, 32, generator=g), dim=1)
-    exact_s, exact_p = kernels.best_paths(query, emb, 8)
+    exact_s, exact_p = context.best_paths(query, emb, 8)
     for low, scale in ((emb.bfloat16(), None), int8_heading_table(emb)):
-        s, p = kernels.best_paths(query, emb, 8, low, block_elements=1000, low_scale=scale)
+        s, p = context.best_paths(query, emb, 8, low, block_elements=1000, low_scale=scale)
         assert torch.equal(p, exact_p) and torch.allclose(s, exact_s, atol=1e-6)
         assert torch.allclose(s, (query @ emb.T).topk(8, dim=1).values, atol=1e-6)
     with pytest.raises(ValueError, match="low_scale"):
-        kernels.best_paths(query, emb, 8, int8_heading_table(emb)[0])
+        context.best_paths(query, emb, 8, int8_heading_table(emb)[0])
 
 
 @settings(max_examples=200, deadline=None, database=None)
@@ -164,7 +164,7 @@ def test_best_paths_shortlist_rescored_exactly() -> None:
 def test_packed_path_rows_equals_reference(counts: list[int], n_q: int, n_j: int, seed: int, cap: int | None):
     """Random CSR paths (empty ones too, entries in any order, capped counts as the engine passes them) and
     random path picks per query (repeats too): the same valid rows in the same order, as wide as the longest."""
-    from kernels.context import packed_path_rows
+    from qasc.kernels.context import packed_path_rows
 
     g = torch.Generator().manual_seed(seed)
     count = torch.tensor(counts, dtype=torch.long)
@@ -185,7 +185,7 @@ def test_shortlist_top_holds_a_top_set(m, n, wide, group, levels, seed, dtype):
     """shortlist_top's columns are distinct, and their scores are those of its loop twin's columns (the row's `wide`
     largest, as a multiset: equal scores at the cut may be any of them), on few distinct values (ties everywhere),
     partial last groups and rows of one group too."""
-    from kernels.context import shortlist_top
+    from qasc.kernels.context import shortlist_top
 
     wide = min(wide, n)
     g = torch.Generator().manual_seed(seed)

@@ -6,8 +6,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels
-import kernels.reference as ref
+import qasc.kernels.reference as ref
+from qasc.kernels import gather
 
 
 @st.composite
@@ -27,7 +27,7 @@ def gather_cases(draw: st.DrawFn) -> dict:
 @settings(max_examples=300, deadline=None, database=None)
 @given(gather_cases())
 def test_gathered_dots_matches_reference(case: dict) -> None:
-    fast = kernels.gathered_dots(**case)
+    fast = gather.gathered_dots(**case)
     slow = ref.gathered_dots(**case)
     assert fast.shape == slow.shape and fast.dtype == slow.dtype == torch.float32
     assert torch.allclose(fast, slow, atol=1e-4, rtol=1e-4)
@@ -42,7 +42,7 @@ def test_gathered_dots_equals_the_padded_product() -> None:
     valid = torch.rand(6, 11, generator=g) < 0.7
     dense = torch.einsum("qld,qd->ql", table[index].float(), query) * valid
     for block in (1, 16, 17, 1 << 22):
-        assert torch.allclose(kernels.gathered_dots(table, query, index, valid, block), dense, atol=1e-5)
+        assert torch.allclose(gather.gathered_dots(table, query, index, valid, block), dense, atol=1e-5)
 
 
 @settings(max_examples=300, deadline=None, database=None)
@@ -51,7 +51,7 @@ def test_segment_first_matches_reference(q: int, length: int, n_keys: int, seed:
     g = torch.Generator().manual_seed(seed)
     keys = torch.randint(-1, n_keys, (q, length), generator=g).sort(dim=1).values if seed % 2 else \
         torch.randint(-1, n_keys, (q, length), generator=g)
-    seg, first = kernels.segment_first(keys)
+    seg, first = gather.segment_first(keys)
     ref_seg, ref_first = ref.segment_first(keys)
     assert torch.equal(seg, ref_seg) and torch.equal(first, ref_first)
     assert torch.equal(first.gather(1, seg), keys)

@@ -7,9 +7,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernels.lexical
-import kernels.reference as ref
-from kernels.lexical import lexical_scores
+import qasc.kernels.reference as ref
+from qasc import kernels
+from qasc.kernels.lexical import lexical_scores
 
 VOCAB = 7
 

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from engine.config import MAX_DEPTH, MAX_NEIGHBOURHOOD, RetrievalConfig
-from engine.embedder import resolve_device
-from kernels.params import FLOAT_FIELDS, MAX_EXTENT_LIMIT, QascParams
+from qasc.engine.config import MAX_DEPTH, MAX_NEIGHBOURHOOD, RetrievalConfig
+from qasc.engine.embedder import resolve_device
+from qasc.kernels.params import FLOAT_FIELDS, MAX_EXTENT_LIMIT, QascParams
 
 
 @pytest.mark.parametrize("name", FLOAT_FIELDS)

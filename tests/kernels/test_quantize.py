@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import kernels.quantize as scan
+import qasc.kernels.quantize as scan
 
 
 def test_row_top_k_keeps_lower_rows_at_a_tie() -> None:

@@ -15,23 +15,22 @@ import pkgutil
 from pathlib import Path
 from types import ModuleType
 
-import kernels
-import kernels.reference
+from qasc import kernels
 
 # qualified name -> why the function has no twin (helpers that are not kernels)
 EXEMPT = {
-    "kernels.pipeline.run_qasc": "the composition of the kernels itself: the tests run it with ops=kernels.reference",
+    "qasc.kernels.pipeline.run_qasc": "the composition of the kernels itself: the tests run it with ops=kernels.reference",
 }
 # qualified name -> parameters the twin takes after the kernel's (none so far)
 EXTRA_PARAMETERS: dict[str, tuple[str, ...]] = {}
 # kernels modules a twin may import from, and what: types of the outputs, not operations
-ALLOWED_IMPORTS = {"kernels.candidates": {"CandidateRows"}}
+ALLOWED_IMPORTS = {"qasc.kernels.candidates": {"CandidateRows"}}
 REFERENCE_DIR = Path(kernels.reference.__file__).parent
 
 
 def kernel_modules() -> list[ModuleType]:
     """Every module of the kernels package but the reference itself."""
-    return [importlib.import_module(f"kernels.{m.name}") for m in pkgutil.iter_modules(kernels.__path__)
+    return [importlib.import_module(f"qasc.kernels.{m.name}") for m in pkgutil.iter_modules(kernels.__path__)
             if m.name != "reference"]
 
 
@@ -45,12 +44,12 @@ def twin_of(module: ModuleType, name: str) -> object | None:
     short = module.__name__.rsplit(".", 1)[1]
     if not (REFERENCE_DIR / f"{short}.py").exists():
         return None
-    return getattr(importlib.import_module(f"kernels.reference.{short}"), name, None)
+    return getattr(importlib.import_module(f"qasc.kernels.reference.{short}"), name, None)
 
 
 def test_discovery_finds_the_kernel_modules() -> None:
     names = {m.__name__ for m in kernel_modules()}
-    assert {"kernels.seeding", "kernels.extents", "kernels.quantize", "kernels.runs"} <= names
+    assert {"qasc.kernels.seeding", "qasc.kernels.extents", "qasc.kernels.quantize", "qasc.kernels.runs"} <= names
     assert sum(len(public_functions(m)) for m in kernel_modules()) > 40
 
 
@@ -124,7 +123,7 @@ def test_twins_import_no_kernel_code() -> None:
                 continue
             for module, names in modules:
                 if module == "kernels" or (module.startswith("kernels.")
-                                           and not module.startswith("kernels.reference")):
+                                           and not module.startswith("qasc.kernels.reference")):
                     if not names <= ALLOWED_IMPORTS.get(module, set()):
                         wrong.append(f"{path.name}:{node.lineno} {module} {sorted(names)}")
     assert not wrong, f"twins importing the kernels' own code: {wrong}"

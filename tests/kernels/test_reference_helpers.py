@@ -10,11 +10,11 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernels.context as context
-import kernels.quantize as scan
-import kernels.reference as ref
-import kernels.runs as runs
-import kernels.seeding as seeding
+import qasc.kernels.context as context
+import qasc.kernels.quantize as scan
+import qasc.kernels.reference as ref
+import qasc.kernels.runs as runs
+import qasc.kernels.seeding as seeding
 
 SCALE = float(os.environ.get("KERNELS_HYPOTHESIS_SCALE", "1"))
 SETTINGS = settings(max_examples=max(1, int(100 * SCALE)), deadline=None, database=None,

@@ -8,8 +8,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import kernels.reference as ref
-from kernels.signals import ScoringModel, normalised_lexical, row_scores
+import qasc.kernels.reference as ref
+from qasc.kernels.signals import ScoringModel, normalised_lexical, row_scores
 
 VALUES = st.sampled_from([-0.5, -0.1, 0.0, 0.2, 0.5, 0.9])
 
