@@ -3,7 +3,7 @@
 Opens the store once (vectors + FAISS index), makes --queries noisy copies of stored rows (bench.scale's
 queries: same seed, same noise, so the first 2,000 are bench.scale's exact queries), takes their exact top-depth
 hits (blocked torch top-k, or --exact-hits from a bench.scale run), then for each nprobe x rerank searches them
-through Store.search_tensor (FAISS over the SQ8 codes, rerank x depth hits re-scored exactly) and reports
+through engine.store.search.FaissSearcher (FAISS over the SQ8 codes, rerank x depth hits re-scored exactly) and reports
 recall@depth vs exact and the search time scaled to 10k queries. Ends with one JSON line.
 
     python -m bench.ivf_sweep --store /tmp/qasc-scale/store-1000000-s0-ivf-float16-table \\
@@ -98,6 +98,7 @@ def main(argv=None) -> dict:
     from bench.scale import noisy_queries, spread
     from qasc.engine.store import index as faiss_index
     from qasc.engine.store.reader import Store
+    from qasc.engine.store.search import FaissSearcher, IvfSettings
 
     args = parse_args(argv)
     if args.threads:
@@ -122,14 +123,14 @@ def main(argv=None) -> dict:
     rows = []
     ints = lambda text: [int(x) for x in text.split(",") if x]  # noqa: E731
     for rerank in ints(args.reranks):
-        params["rerank"] = rerank
         for nprobe in ints(args.nprobes):
-            store.index.nprobe = faiss_index.set_nprobe(params, nprobe)
-            store.search_tensor(queries[:64], depth)  # warm-up
+            searcher = FaissSearcher(store.index, store.vectors, rerank,
+                                     IvfSettings(faiss_index.set_nprobe(params, nprobe)))
+            searcher.search(queries[:64], depth)  # warm-up
             times, hits = [], None
             for _ in range(args.repeats):
                 t0 = time.perf_counter()
-                hits = store.search_tensor(queries, depth)[1].numpy()
+                hits = searcher.search(queries, depth)[1].numpy()
                 times.append(time.perf_counter() - t0)
             rec = {"nprobe": nprobe, "share_of_lists": nprobe / max(nlist, 1), "rerank": rerank,
                    "recall": faiss_index.recall_at_depth(hits, exact), "search_s_per_10k": median(times) * 1e4 / n,

@@ -56,7 +56,7 @@ def main(argv=None) -> dict:
     from qasc.engine.query import CONTEXT_PATHS
     from qasc.kernels.context import best_paths, int8_heading_table, shortlist_top
     from qasc.kernels.gather import gathered_dots
-    from qasc.kernels.ivf_scan import int8_products, quantize_rows
+    from qasc.kernels.quantize import int8_products, quantize_rows
 
     args = parse_args(argv)
     g = torch.Generator().manual_seed(0)

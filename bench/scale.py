@@ -10,10 +10,8 @@ Phases (each timed; the JSON line lists them under `phase_s`):
   exact    a child process: Engine.query_embedded (search + QASC + assembly) on --exact-queries noisy copies of
            stored vectors, exact search; its hits at the engine's depth are the ground truth for recall;
   ivf      a child process: the same on --queries queries through the store's IVF index (q/s, recall@depth vs
-           exact, peak RSS; an 8-bit index is searched by the torch scan, kernels.ivf_scan), then --stream-queries
-           queries' results streamed to Parquet (RSS growth);
-  ivf-faiss  the peer: the first --faiss-queries of those through FAISS's own IVF search (q/s in the same run,
-           and the share of the torch scan's hits it finds);
+           exact, peak RSS; FAISS searches the index, engine.store.search), then --stream-queries queries'
+           results streamed to Parquet (RSS growth);
   quality  real MiniLM (the default model) on a chroma_general store with an IVF index: share of queries whose
            top chunk is the same through IVF and exact search (skipped without ../shared).
 Sizes in GiB (2^30 bytes). Targets (issue 14): IVF >= 2,000 q/s at 1M sentences, recall@depth >= 0.95, query peak
@@ -491,15 +489,9 @@ def query_child(spec: dict) -> dict:
         qasc, retrieval, _ = budget_setting(engine.config.qasc.replace(budget_tokens=spec["budget_tokens"]),
                                             engine.config.retrieval)
         engine.config = replace(engine.config, qasc=qasc, retrieval=retrieval)
-    if spec.get("ivf_source") and hasattr(engine.store, "ivf_source"):
-        engine.store.ivf_source = spec["ivf_source"]
-    if spec["mode"] == "ivf-faiss":  # the peer: the same index searched by FAISS itself, not kernels.ivf_scan
-        engine.store.ivf_search = "faiss"
     out = {"mode": spec["mode"], "open_s": time.perf_counter() - t0, "rss_open_gb": proc_status("VmRSS") / GiB,
            "api": query_api(), "exact_blocked_by_engine": engine_exact_is_blocked(),
-           "nprobe": int(getattr(engine.store.index, "nprobe", 0) or 0),
-           "ivf_search": (engine.store.ivf_scan() or "faiss") if hasattr(engine.store, "ivf_scan") else
-           "torch" if getattr(engine.store, "sq8_lists", lambda: None)() is not None else "faiss"}
+           "nprobe": int(getattr(engine.store.index, "nprobe", 0) or 0)}
     depth = min(engine.config.retrieval.depth, engine.n_total)
     scale = spread(engine.embeddings)
     queries, sources = noisy_queries(engine.embeddings, spec["pool"], spec["noise"], spec["seed"], scale)
@@ -562,7 +554,7 @@ def query_child(spec: dict) -> dict:
 def run_query_child(mode: str, store: Path, work: Path, n_queries: int, stream: int, args) -> dict:
     base = work / f"{store.name}.query-{mode}"
     spec = {"mode": mode, "store": str(store), "queries": n_queries, "pool": args.queries, "noise": args.noise,
-            "seed": args.seed + 7, "nprobe": args.nprobe, "ivf_source": args.ivf_source, "repeats": args.repeats,
+            "seed": args.seed + 7, "nprobe": args.nprobe, "repeats": args.repeats,
             "slice": args.slice,
             "threads": args.threads, "stream": stream, "hits": f"{base}.hits.npy", "budget_tokens": args.budget_tokens,
             "texts": args.query_texts, "stream_path": f"{base}.stream.parquet", "out": f"{base}.json"}
@@ -661,9 +653,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--slice", type=int, default=2048, help="queries per engine slice (default 2048)")
     p.add_argument("--threads", type=int, default=0, help="torch threads in the query processes (0: torch default)")
     p.add_argument("--nprobe", type=int, default=0, help="IVF lists probed per query (0: the store's setting)")
-    p.add_argument("--ivf-source", choices=("codes", "vectors"), default=None,
-                   help="what the torch IVF scan reads (Store.ivf_source; `qasc query --ivf-source`): the store's own "
-                        "vectors (the default: one copy in memory) or the index's 8-bit codes")
     p.add_argument("--query-texts", default=True, action=argparse.BooleanOptionalAction,
                    help="each query carries its source sentence's text as its question, as `qasc query`'s questions "
                         "do, so that the gated lexical term runs and its BM25 index (built on first use) counts in "
@@ -673,8 +662,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "fill runs (its passages loaded, ranked and appended), on the setting `qasc query --budget-tokens "
                    "N` answers with (the budget profile on a store of shipped settings; default 0: no budget, as "
                    "`qasc query` without --budget-tokens)")
-    p.add_argument("--faiss-queries", type=int, default=2000, help="of the IVF queries, the first N also timed "
-                   "through FAISS's own IVF search, the peer of the torch scan (default 2000; 0: skip)")
     p.add_argument("--index", default="ivf", help="index kind of the store (default ivf)")
     p.add_argument("--dtype-store", default="float16", help="embedding storage type (default float16)")
     p.add_argument("--batch-tokens", type=int, default=0, help="ingest --batch-tokens (0: the default)")
@@ -736,12 +723,6 @@ def main(argv=None) -> dict:
     ex = phase("exact", run_query_child, "exact", store, work, args.exact_queries, 0, args)
     iv = phase("ivf", run_query_child, "ivf", store, work, args.queries, args.stream_queries, args)
     recall = recall_at_depth(np.load(iv["hits"]), np.load(ex["hits"]))
-    peer = {}
-    if args.faiss_queries and iv.get("ivf_search") in ("torch", "codes", "vectors"):
-        peer = phase("ivf-faiss", run_query_child, "ivf-faiss", store, work, min(args.faiss_queries, args.queries), 0,
-                     args)
-        peer["hits_agree_with_torch_scan"] = recall_at_depth(np.load(iv["hits"])[: peer["queries"]],
-                                                             np.load(peer["hits"]))
     quality = {"skipped": "--no-quality"}
     if not args.no_quality:
         quality = phase("quality", quality_check, work, args)
@@ -756,9 +737,6 @@ def main(argv=None) -> dict:
         "query_per_s_exact": ex["query_per_s"],
         "query_per_s_ivf": iv["query_per_s"],
         "ivf_recall_at_depth": recall,
-        "ivf_search": iv.get("ivf_search", "faiss"),
-        "query_per_s_ivf_faiss": peer.get("query_per_s"),
-        "ivf_torch_vs_faiss": iv["query_per_s"] / peer["query_per_s"] if peer else None,
         "peak_rss_gb": iv["peak_rss_gb"],
         "rss_growth_100k_queries_gb": growth_100k,
         "rss_growth_stream_gb": growth,
@@ -774,7 +752,7 @@ def main(argv=None) -> dict:
         "noise": args.noise, "repeats": args.repeats,
         "nprobe": iv["nprobe"], "index": ing["index"], "index_params": ing["index_params"],
         "dtype_store": ing["dtype_store"],
-        "ingest": ing, "corpus": cinfo, "query_exact": ex, "query_ivf": iv, "query_ivf_faiss": peer or None,
+        "ingest": ing, "corpus": cinfo, "query_exact": ex, "query_ivf": iv,
         "quality": quality, "phase_s": phases,
         "api": iv["api"], "command": "python -m bench.scale " + " ".join(sys.argv[1:] if argv is None else argv),
         "host": machine_info(), "load_avg_end": [round(x, 2) for x in os.getloadavg()],
@@ -798,11 +776,7 @@ def main(argv=None) -> dict:
          "peak RSS GiB": ex["peak_rss_gb"], "note": f"depth {ex['depth']}, {ex['api']}"},
         {"phase": "query ivf", "queries": iv["queries"], "rate/s": iv["query_per_s"],
          "seconds": median(iv["times_s"]),
-         "peak RSS GiB": iv["peak_rss_gb"], "note": f"recall@{iv['depth']} {recall:.4f}, nprobe {iv['nprobe']}, "
-                                                    f"{iv.get('ivf_search', 'faiss')} search"},
-        *([{"phase": "query ivf (faiss)", "queries": peer["queries"], "rate/s": peer["query_per_s"],
-            "seconds": median(peer["times_s"]), "peak RSS GiB": peer["peak_rss_gb"],
-            "note": f"peer: FAISS's own search; hits agree {peer['hits_agree_with_torch_scan']:.4f}"}] if peer else []),
+         "peak RSS GiB": iv["peak_rss_gb"], "note": f"recall@{iv['depth']} {recall:.4f}, nprobe {iv['nprobe']}"},
         {"phase": "stream parquet", "queries": args.stream_queries,
          "rate/s": args.stream_queries / iv["stream_s"] if args.stream_queries else float("nan"),
          "seconds": iv.get("stream_s", float("nan")), "peak RSS GiB": iv.get("stream_rss_peak_gb", float("nan")),

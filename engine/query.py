@@ -38,13 +38,15 @@ from qasc.kernels.pipeline import QascBatch, run_qasc
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from qasc.engine.store.search import IvfSettings
+
 MAX_QUERY_CHARS = 10_000
 DEFAULT_SLICE_SIZE = 2048  # queries per slice: embedded, answered and yielded (written) together
 # on CPU, a slice's kernels and assembly run this many queries at a time, so their working memory (~75 KB per
 # query on bench.scale's 1M store) stays bounded whatever the slice: 1024 took the kernel time of 2048 there,
 # 512 1.5x, 256 2.2x (bench/RESULTS.md). CUDA devices take the whole slice (fewer launches).
 KERNEL_SLICE_QUERIES_CPU = 1024
-SEARCH_BLOCK_QUERIES = 8192  # queries per search: whole slices (the ivf scan does 1.5x the queries/s at 10k as at 2k)
+SEARCH_BLOCK_QUERIES = 8192  # queries per search: whole slices (FAISS threads over a search's queries)
 SEARCH_TAIL_SHARE = 0.25  # a last search of fewer than this share of a block joins the one before (search_block_end)
 GOVERNED_MIN_QUERIES = 256  # smaller batches skip the thread governor (its start check sleeps ~1 ms)
 
@@ -61,9 +63,9 @@ def check_settings(params, retrieval) -> None:
 
 def search_block_end(lo: int, n: int, block: int) -> int:
     """The queries lo..end of n one search takes: a block, or all the rest when what would be left after the
-    block is fewer than SEARCH_TAIL_SHARE of a block. The ivf scan's rate grows with the queries of a search (its
-    per-list cost is shared): 10,000 queries as 8,192 + 1,808 searched at 1,450 q/s, at once at 1,660
-    (bench/RESULTS.md, "The thread governor's start check")."""
+    block is fewer than SEARCH_TAIL_SHARE of a block (measured for the torch scan that searched ivf stores before
+    FAISS did: 10,000 queries as 8,192 + 1,808 at 1,450 q/s, at once at 1,660; bench/LOG.md, "The thread
+    governor's start check")."""
     end = min(lo + block, n)
     return n if n - end < SEARCH_TAIL_SHARE * block else end
 
@@ -84,10 +86,11 @@ class Engine(Retrieval):
 
     @classmethod
     def open(cls, store_dir: str, config: EngineConfig | None = None, device: str = "auto",
-             nprobe: int | None = None) -> Engine:
+             nprobe: int | None = None, ivf: IvfSettings | None = None) -> Engine:
         """Open a store; the embedding model is the one recorded in its manifest (a mismatch is refused).
 
-        nprobe: inverted lists an ivf store's search probes (default: the store's, see README "Indexes")."""
+        ivf: how an ivf store is searched (engine.store.search.IvfSettings: nprobe, max_codes; default the
+        store's, docs/store.md "Indexes"); nprobe: the same as ivf=IvfSettings(nprobe) (either, not both)."""
         from qasc.engine.embedder import resolve_device
         from qasc.engine.store import read_manifest
         from qasc.engine.store.reader import Store
@@ -100,7 +103,7 @@ class Engine(Retrieval):
                 f"not {config.embedder.model!r}"
             )
         dev = resolve_device(device if device != "auto" else config.embedder.device)
-        store = Store.open(store_dir, device=dev, nprobe=nprobe)  # the FAISS index follows the engine's device
+        store = Store.open(store_dir, device=dev, nprobe=nprobe, ivf=ivf)  # the FAISS index follows the device
         emb_cfg = stored.embedder
         embedder = Embedder(emb_cfg.model, str(dev), config.embedder.dtype, emb_cfg.max_length, emb_cfg.batch_tokens)
         if embedder.dim != int(store.manifest["dim"]) or embedder.fingerprint != store.manifest.get(
@@ -197,7 +200,7 @@ class Engine(Retrieval):
                 if self.n_total == 0:
                     yield lo, ChunkColumns.empty(hi - lo)
                     continue
-                if lo >= block_hi:  # one search for the next slices: the ivf scan is faster on many queries at once
+                if lo >= block_hi:  # one search for the next slices (a block of queries)
                     block_lo, block_hi = lo, search_block_end(lo, n, block)
                     pool = self.search(query_emb[block_lo:block_hi], self.pool_width(params, retrieval))
                     governor.step()

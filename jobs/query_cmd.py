@@ -52,10 +52,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     advanced.add_argument("--max-codes", type=int, default=None,
                           help="ivf stores: at most this many codes scanned per query, the probed lists nearest "
                                "first (FAISS's max_codes; default: none); local path only")
-    advanced.add_argument("--ivf-source", choices=("codes", "vectors"), default=None,
-                          help="ivf stores: what the torch scan reads: the store's own vectors (default: the "
-                               "embeddings in memory once) or the index's 8-bit codes (paged in from the index "
-                               "file); local path only")
 
 
 def _csv_header(src: Path) -> list[str]:
@@ -169,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
     from qasc.engine.embedder import resolve_device
     from qasc.engine.query import Engine
     from qasc.engine.store import read_manifest
-    from qasc.engine.store.index import set_max_codes
+    from qasc.engine.store.search import IvfSettings
 
     if getattr(args, "removed_flag", None):  # before anything else: the flag names a setting that is gone
         raise removed_flag_error(args.removed_flag)
@@ -189,8 +185,6 @@ def run(args: argparse.Namespace) -> int:
         raise QascError(f"--max-codes must be >= 0 (0: no budget), got {args.max_codes}")
     if ray and args.max_codes is not None:
         raise QascError("--max-codes applies to the local path only (Ray actors open the store with its own index)")
-    if ray and args.ivf_source is not None:
-        raise QascError("--ivf-source applies to the local path only (Ray actors open the store with its defaults)")
     if args.workers is not None and args.workers < 1:
         raise QascError(f"--workers must be >= 1, got {args.workers}")
     if args.workers is not None and not ray:
@@ -208,8 +202,6 @@ def run(args: argparse.Namespace) -> int:
         raise QascError(f"--nprobe applies to ivf stores; {args.store} has a {kind} index")
     if args.max_codes is not None and kind != "ivf":
         raise QascError(f"--max-codes applies to ivf stores; {args.store} has a {kind} index")
-    if args.ivf_source is not None and kind != "ivf":
-        raise QascError(f"--ivf-source applies to ivf stores; {args.store} has a {kind} index")
     stored = EngineConfig.from_dict(manifest.get("config", {}))
     params, retrieval, preset = setting_from_args(args, stored.qasc, stored.retrieval)
     writer = ResultWriter(args.out) if args.out else None  # checks --out before any work
@@ -221,11 +213,8 @@ def run(args: argparse.Namespace) -> int:
         batches = run_query_job(args.store, ids, questions, params, retrieval, workers=workers,
                                 ray_address=args.ray_address, device=args.device, slice_size=args.batch_size)
     else:
-        engine = Engine.open(args.store, device=args.device, nprobe=args.nprobe)
-        if args.max_codes is not None:
-            set_max_codes(engine.store.index, args.max_codes)
-        if args.ivf_source is not None:
-            engine.store.ivf_source = args.ivf_source
+        ivf = IvfSettings(args.nprobe, args.max_codes or 0)  # the flags as one value (engine.store.search)
+        engine = Engine.open(args.store, device=args.device, ivf=ivf)
         batches = engine.query_stream(questions, ids, params, retrieval, slice_size=args.batch_size)
     if writer is not None:  # results go to the file slice by slice: memory does not grow with the queries
         with writer:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from qasc.kernels.gather import gathered_dots
-from qasc.kernels.ivf_scan import column_inverse, int8_products, quantize_columns, quantize_rows, row_top_k
+from qasc.kernels.quantize import column_inverse, int8_products, quantize_columns, quantize_rows, row_top_k
 
 SHORTLIST_FACTOR = 4  # best_paths: paths re-scored exactly per path wanted, from a low-precision product
 INT8_SHORTLIST_QUERIES = 128  # best_paths' int8 products: queries per block (at 50k paths, blocks of 100-160

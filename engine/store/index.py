@@ -15,11 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -28,7 +26,7 @@ from qasc.engine.errors import QascError
 from qasc.engine.store.files import ResumableError, atomic_write_with, file_digest, read_table
 from qasc.engine.store.schema import embeddings_of
 from qasc.kernels.gather import gathered_dots
-from qasc.kernels.ivf_scan import row_top_k
+from qasc.kernels.quantize import row_top_k
 
 KINDS = ("auto", "flat", "ivf", "hnsw")
 AUTO_FLAT_MAX = 200_000  # rows; exact search over more than this is slower than an IVF probe
@@ -98,16 +96,6 @@ def set_nprobe(params: dict, nprobe: int | None) -> int:
     if isinstance(nprobe, bool) or not isinstance(nprobe, int | np.integer) or not 1 <= nprobe <= nlist:
         raise QascError(f"nprobe must be an integer from 1 to the index's {nlist} lists, got {nprobe!r}")
     return int(nprobe)
-
-
-def set_max_codes(index, max_codes: int) -> None:
-    """Sets a budget of codes scanned per query on a CPU ivf index (FAISS's `IndexIVF.max_codes`, 0: none; the
-    torch scan keeps it too: `kernels.ivf_scan.scan_budget`); QascError for other indexes (flat, hnsw, a GPU
-    index, which has no such budget)."""
-    ivf = _faiss().try_extract_index_ivf(index) if index is not None else None
-    if ivf is None or not hasattr(ivf, "max_codes"):
-        raise QascError("max_codes applies to an ivf index searched on the CPU")
-    ivf.max_codes = int(max_codes)
 
 
 def reconstruct_matches(entry: dict, got: np.ndarray, want: np.ndarray) -> bool:
@@ -182,7 +170,7 @@ def write_index_file(index, path: Path) -> None:
 def read_index_file(path: Path, sha: str, mmap: bool = False):
     """path, expected sha256 -> CPU index, read straight from the file; QascError when unreadable or corrupt.
     mmap: the index's arrays are views of the file mapped read-only (faiss IO_FLAG_MMAP_IFC), paged in only
-    where read (its lists' codes stay on disk while the torch scan reads the store's own vectors)."""
+    where read (FAISS pages in the lists a search probes; pages are shared with other processes reading it)."""
     try:
         digest = file_digest(path)["sha256"]
     except OSError as exc:
@@ -254,119 +242,9 @@ def reconstruct(index, rows: np.ndarray) -> np.ndarray:
     return np.stack([index.reconstruct(int(r)) for r in rows]) if len(rows) else np.zeros((0, index.d), np.float32)
 
 
-class Sq8Lists(NamedTuple):
-    """Zero-copy torch views of a CPU IVF index's 8-bit scalar-quantised lists, for `kernels.ivf_sq8_topk`.
-    `owner` is the FAISS index whose memory the views read: it must outlive them."""
-
-    centroids: torch.Tensor  # (C, D) float32
-    codes: list[torch.Tensor]  # C tensors (n_c, D) uint8, views of the index's lists
-    rows: list[torch.Tensor]  # C tensors (n_c,) int64, the global rows of those codes
-    vmin: torch.Tensor  # (D,) float32
-    vdiff: torch.Tensor  # (D,) float32
-    by_residual: bool
-    owner: object
-
-
-def sq8_lists(index) -> Sq8Lists | None:
-    """A CPU IndexIVFScalarQuantizer (8-bit codes, inner product, lists in memory) -> views of its lists; None for
-    any other index (flat, hnsw, full-vector or fp16 lists, a GPU index), which FAISS searches itself."""
-    faiss = _faiss()
-    ivf = faiss.downcast_index(index)  # a wrapped index (a transform, a GPU index) is not an IVF SQ index
-    if (not isinstance(ivf, faiss.IndexIVFScalarQuantizer) or ivf.metric_type != faiss.METRIC_INNER_PRODUCT
-            or ivf.sq.qtype != faiss.ScalarQuantizer.QT_8bit or ivf.code_size != ivf.d):
-        return None
-    lists = faiss.downcast_InvertedLists(ivf.invlists)
-    if not isinstance(lists, faiss.ArrayInvertedLists):
-        return None
-    d, codes, rows = ivf.d, [], []
-    for c in range(ivf.nlist):
-        n = lists.list_size(c)
-        if n == 0:
-            codes.append(torch.zeros((0, d), dtype=torch.uint8))
-            rows.append(torch.zeros(0, dtype=torch.long))
-            continue
-        codes.append(torch.from_numpy(faiss.rev_swig_ptr(lists.get_codes(c), n * d).reshape(n, d)))
-        rows.append(torch.from_numpy(faiss.rev_swig_ptr(lists.get_ids(c), n)))
-    trained = faiss.vector_to_array(ivf.sq.trained).astype(np.float32)  # vmin (d), then vdiff (d)
-    centroids = ivf.quantizer.reconstruct_n(0, ivf.nlist).astype(np.float32)
-    return Sq8Lists(torch.from_numpy(centroids), codes, rows, torch.from_numpy(trained[:d].copy()),
-                    torch.from_numpy(trained[d:].copy()), bool(ivf.by_residual), index)
-
-
-class IvfRows(NamedTuple):
-    """The coarse structure of a CPU IVF index, for `kernels.ivf_vectors_topk` over the store's own vectors: the
-    lists' centroids and the global rows each list holds (copies: the index's codes are never read)."""
-
-    centroids: torch.Tensor  # (C, D) float32
-    rows: list[torch.Tensor]  # C tensors (n_c,) int64
-
-
-MAPS = "/proc/self/maps"
-
-
-def _mapped_file(address: int) -> tuple[str, int] | None:
-    """A virtual address -> (the file mapped there, the address's offset in it), from /proc/self/maps; None when
-    the address is not in a file mapping (or the maps are unreadable: not Linux)."""
-    try:
-        with open(MAPS, encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                parts = line.split(maxsplit=5)
-                lo, _, hi = parts[0].partition("-")
-                if int(lo, 16) <= address < int(hi, 16) and len(parts) == 6 and parts[5].strip().startswith("/"):
-                    return parts[5].strip(), address - int(lo, 16) + int(parts[2], 16)
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _list_ids(lists, nlist: int) -> list[np.ndarray]:
-    """An ArrayInvertedLists -> each list's ids (n_c,) int64, copies. Where the ids are views of a mapped index
-    file, they are read from the file (pread) rather than through the mapping, so that none of the mapped codes
-    next to them is paged into this process (the kernel reads ahead around a touched page)."""
-    faiss = _faiss()
-    views = [faiss.rev_swig_ptr(lists.get_ids(c), lists.list_size(c)) if lists.list_size(c) else
-             np.zeros(0, np.int64) for c in range(nlist)]
-    first = next((v for v in views if len(v)), None)
-    where = None if first is None else _mapped_file(int(first.__array_interface__["data"][0]))
-    if where is None:
-        return [np.array(v, dtype=np.int64) for v in views]
-    base = int(first.__array_interface__["data"][0]) - where[1]  # the file's offset 0 in memory
-    out = []
-    with open(where[0], "rb") as fh:
-        for v in views:
-            if not len(v):
-                out.append(np.zeros(0, np.int64))
-                continue
-            at = int(v.__array_interface__["data"][0]) - base
-            data = os.pread(fh.fileno(), v.nbytes, at)
-            if len(data) != v.nbytes:
-                raise QascError(f"{where[0]}: the index file is shorter than its lists")
-            out.append(np.frombuffer(data, dtype=np.int64).copy())
-    return out
-
-
-def ivf_rows(index) -> IvfRows | None:
-    """A CPU IndexIVF (inner product, lists in memory, any codes) -> its centroids and each list's rows; None for
-    any other index (flat, hnsw, a GPU index). The rows are checked to be each of 0..ntotal-1 once (QascError
-    otherwise: the index does not index this store's rows)."""
-    faiss = _faiss()
-    ivf = faiss.downcast_index(index)
-    if not isinstance(ivf, faiss.IndexIVF) or ivf.metric_type != faiss.METRIC_INNER_PRODUCT:
-        return None
-    lists = faiss.downcast_InvertedLists(ivf.invlists)
-    if not isinstance(lists, faiss.ArrayInvertedLists):
-        return None
-    ids = _list_ids(lists, ivf.nlist)
-    every = np.concatenate(ids) if ids else np.zeros(0, np.int64)
-    if len(every) != ivf.ntotal or (len(every) and (every.min() < 0 or every.max() >= ivf.ntotal
-                                                     or np.bincount(every, minlength=ivf.ntotal).max() != 1)):
-        raise QascError(f"the ivf index's lists do not hold each of its {ivf.ntotal} rows once")
-    centroids = ivf.quantizer.reconstruct_n(0, ivf.nlist).astype(np.float32)
-    return IvfRows(torch.from_numpy(centroids), [torch.from_numpy(r) for r in ids])
-
-
-def search(index, query_emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """query_emb (Q, dim) float32, k -> scores (Q, k) float32 (-inf where missing), rows (Q, k) int64 (-1)."""
+def search(index, query_emb: np.ndarray, k: int, params=None) -> tuple[np.ndarray, np.ndarray]:
+    """query_emb (Q, dim) float32, k -> scores (Q, k) float32 (-inf where missing), rows (Q, k) int64 (-1), by
+    FAISS's own `index.search`; params: FAISS SearchParameters for this search (None: the index's own)."""
     if not isinstance(k, int | np.integer) or k < 1:
         raise QascError(f"k must be a positive integer, got {k!r}")
     q = np.asarray(query_emb)
@@ -378,7 +256,7 @@ def search(index, query_emb: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray
     if q.shape[0] == 0:
         return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
     kk = min(int(k), max(int(index.ntotal), 1))
-    scores, rows = index.search(q, kk)
+    scores, rows = index.search(q, kk) if params is None else index.search(q, kk, params=params)
     scores = scores.astype(np.float32, copy=False)
     rows = rows.astype(np.int64, copy=False)
     if kk < k:  # pad to (Q, k)
@@ -543,7 +421,7 @@ EXACT_BLOCK_ELEMENTS = 1 << 24  # query x row similarities per block of the exac
 
 def _block_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """sims (B, R) float32, k <= R -> values (B, k), columns (B, k) int64: the k largest per row, equal values at
-    the cut resolved to the lower columns (`kernels.ivf_scan.row_top_k`), ordered by column."""
+    the cut resolved to the lower columns (`kernels.quantize.row_top_k`), ordered by column."""
     vals, idx = row_top_k(sims, k)
     order = idx.argsort(dim=1)
     return vals.gather(1, order), idx.gather(1, order)

@@ -4,14 +4,9 @@ The embeddings are held once, in the store's dtype (float32 | float16): each sha
 into one preallocated (N, dim) array (no concatenated temporary), wrapped without a copy as the tensor
 `Store.vectors`; `to_device` moves it (an engine on CUDA keeps only the device copy). Flat stores do not load
 their FAISS index by default: exact search runs blocked over `vectors` (`index.exact_topk`), so no second copy.
-An ivf index whose lists hold IVF_SCAN_MIN_LIST_ROWS rows or more on average is searched by a torch scan, many
-queries per list at once; smaller lists by FAISS itself (`Store.ivf_search`: "auto", "torch" or "faiss" forces
-one). The index file is mapped, not read (faiss IO_FLAG_MMAP_IFC): its lists are paged in only where read.
-`Store.ivf_source = "vectors"` (the default) scans the store's own vectors, the index's lists read as rows
-(`kernels.ivf_vectors_topk`; on CPU with int8 products, each list's rows rounded to 8 bits as it is scanned), so
-the embeddings are in memory once; "codes" scans an 8-bit index's codes (`kernels.ivf_sq8_topk` over views of its
-lists, paged in; on CPU with 8-bit query weights, `Store.ivf_int8 = False` giving FAISS's own scores). The hits
-are then re-ranked exactly.
+Other stores are searched by FAISS (the index file mapped, not read: faiss IO_FLAG_MMAP_IFC), an ivf index's
+8-bit hits re-ranked exactly from the vectors. Which searcher, and an ivf index's settings, are values
+(engine.store.search): `Store.open(..., ivf=IvfSettings(nprobe, max_codes))`, `Store.searcher`.
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ import pyarrow.compute as pc
 import torch
 
 from qasc.engine.config import EngineConfig
-from qasc.engine.cpu import cpu_has_int8_dot
 from qasc.engine.errors import QascError, first_line
 from qasc.engine.lexical import TermCounts
 from qasc.engine.passages import Passages
@@ -42,34 +36,10 @@ from qasc.engine.store.schema import (
     passages_schema,
     sentences_schema,
 )
+from qasc.engine.store.search import IvfSettings, Searcher, store_searcher
 from qasc.engine.types import Headings, Sentences
-from qasc.kernels.ivf_scan import ivf_sq8_topk, ivf_vectors_topk
 
-# how an 8-bit ivf index is searched: "torch" (kernels.ivf_scan), "faiss" (IndexIVF.search), or "auto": the torch
-# scan where the lists hold IVF_SCAN_MIN_LIST_ROWS rows or more on average (its per-list work is then amortised:
-# 3-4x FAISS's search at 1M rows, 250 a list), FAISS's own search below (3.3x the scan's search rate at 20k rows,
-# 39 a list; bench/RESULTS.md, "The IVF search by list size")
-IVF_SEARCH = "auto"
-IVF_SCAN_MIN_LIST_ROWS = 128
-# the torch scan's query weights in 8 bits (int8 products) on CPU: 1.6-1.9x the float32 scan at 1M rows, the same
-# recall@16 after the exact re-rank (bench/RESULTS.md), where the CPU has int8 dot-product instructions; ~25x
-# slower per product on one without (AVX2 only). "auto": int8 where `engine.cpu.cpu_has_int8_dot()`; True: int8
-# always; False: float32, FAISS's own scores
-IVF_INT8: bool | str = "auto"
-# what the torch scan of an ivf index reads: "vectors", the store's own vectors, the index's lists read as rows
-# (one copy of the embeddings in memory: the codes stay in the index's mapped file, never paged in), or "codes", an
-# 8-bit index's codes (paged in: 0.37 GiB more at 1M rows). At 1M rows (bench/RESULTS.md, 2026-12-04) the vectors
-# scan with int8 products searched at 0.9x the codes scan (same recall@8, 0.9765), end to end 0.94x, peak RSS
-# 0.34 GiB lower; with float32 products it searched at 0.3x
-IVF_SOURCES = ("codes", "vectors")
-IVF_SOURCE = "vectors"
-# the vectors scan's products: "auto" (int8 on CPU where `ivf_int8`, each list's rows rounded to 8 bits per
-# dimension as it is scanned; float16 on CUDA; else float32), or "float32", "bfloat16", "float16" (on CPU bf16
-# products of the lists' varying shapes ran slower than float32 and grew RSS, each new shape a new oneDNN kernel)
-IVF_SCAN_DTYPE = "auto"
-COLUMN_SCALE_BLOCK_ROWS = 1 << 16  # rows read at a time for Store.column_scale
 OPEN_RETRIES = 3  # Store.open: reads again from a manifest that changed while it read (an append committed)
-IVF_INT8_MIN_LIST_ROWS = 128  # ... for lists of this many rows on average (smaller: float32 was faster, 20k rows)
 
 
 def load_shard(root: Path, shard: dict, manifest: dict, out: np.ndarray | None = None
@@ -237,7 +207,8 @@ class Store:
 
     def __init__(self, path: Path, manifest: dict, docs: list[Sentences], metadata: list[dict],
                  sources: list[str], embeddings: np.ndarray | torch.Tensor, index,
-                 headings: Headings | None = None, passages: Passages | None = None) -> None:
+                 headings: Headings | None = None, passages: Passages | None = None,
+                 ivf: IvfSettings | None = None) -> None:
         self.path = path
         self.manifest = manifest
         self.docs = docs
@@ -248,14 +219,7 @@ class Store:
         self.doc_offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
         self.row_doc = np.repeat(np.arange(len(docs), dtype=np.int64), np.diff(self.doc_offsets))  # (N,)
         self.index = index
-        self.ivf_search = IVF_SEARCH
-        self.ivf_int8 = cpu_has_int8_dot() if IVF_INT8 == "auto" else bool(IVF_INT8)  # int8 scan products (CPU)
-        self._sq8: faiss_index.Sq8Lists | None = None
-        self._sq8_of = None  # the index _sq8 was built from
-        self.ivf_source = IVF_SOURCE
-        self._rows: faiss_index.IvfRows | None = None
-        self._rows_of = None  # (index, device) _rows was built for
-        self._column_scale: torch.Tensor | None = None  # (dim,) float32, built on first use
+        self.ivf = ivf if ivf is not None else IvfSettings(getattr(index, "nprobe", None))
         if headings is None:
             headings = Headings([], np.full(len(embeddings), -1, np.int32),
                                      np.zeros((0, embeddings.shape[1]), np.float32))
@@ -263,23 +227,27 @@ class Store:
         self._passages = passages
 
     @classmethod
-    def open(cls, path: str | Path, *, load_index: bool | str = "auto", device="cpu", nprobe: int | None = None
-             ) -> Store:
+    def open(cls, path: str | Path, *, load_index: bool | str = "auto", device="cpu", nprobe: int | None = None,
+             ivf: IvfSettings | None = None) -> Store:
         """Reads a committed store; QascError if missing, incomplete (no complete manifest) or corrupt.
 
         load_index: "auto" loads the FAISS index of ivf / hnsw stores only (flat stores search exactly over
         their own vectors, no second copy), True always, False never (exact search).
         device: where the FAISS index lives (a cuda device moves it to that GPU when faiss has GPU support);
-        the vectors stay on CPU until `to_device`. nprobe: overrides an ivf index's inverted lists probed.
+        the vectors stay on CPU until `to_device`. ivf: how an ivf index is searched (engine.store.search:
+        nprobe, max_codes; default the store's); nprobe: the same as ivf=IvfSettings(nprobe) (either, not both).
 
         An append that commits while this reads (it replaces the manifest, then removes the files the new one no
         longer lists, such as the previous index) makes a file vanish under the reader: when loading fails and
         the manifest has changed meanwhile, the store is read again from its new manifest (OPEN_RETRIES times)."""
+        if nprobe is not None and ivf is not None:
+            raise QascError("Store.open: give nprobe or ivf, not both")
+        ivf = ivf if ivf is not None else IvfSettings(nprobe)
         root = Path(path).expanduser().absolute()
         manifest = read_manifest(root)
         for attempt in range(OPEN_RETRIES + 1):
             try:
-                return cls._open(root, manifest, load_index, device, nprobe)
+                return cls._open(root, manifest, load_index, device, ivf)
             except QascError:
                 newer = read_manifest(root)
                 if newer == manifest or attempt == OPEN_RETRIES:
@@ -288,7 +256,7 @@ class Store:
         raise AssertionError("unreachable")
 
     @classmethod
-    def _open(cls, root: Path, manifest: dict, load_index: bool | str, device, nprobe: int | None) -> Store:
+    def _open(cls, root: Path, manifest: dict, load_index: bool | str, device, ivf: IvfSettings) -> Store:
         check_sizes(root, manifest)
         dim, dtype = int(manifest["dim"]), manifest["dtype"]
         if dtype not in STORE_DTYPES:
@@ -318,9 +286,11 @@ class Store:
         index = None
         kind = manifest["index"]["kind"]
         if load_index is True or (load_index == "auto" and kind != "flat"):
-            index = faiss_index.load_index(root, manifest, nprobe=nprobe, mmap=True)
+            index = faiss_index.load_index(root, manifest, nprobe=ivf.nprobe, mmap=True)
+            if kind == "ivf":  # the nprobe resolved against the lists (the store's default when None)
+                ivf = IvfSettings(int(index.nprobe), ivf.max_codes)
             index = faiss_index.to_device(index, kind, device)
-        return cls(root, manifest, docs, metadata, sources, emb, index, merge_headings(heads, dim))
+        return cls(root, manifest, docs, metadata, sources, emb, index, merge_headings(heads, dim), ivf=ivf)
 
     @property
     def passages(self) -> Passages:
@@ -374,97 +344,17 @@ class Store:
                             f"dim {m['dim']}); the query model is {described.get('model')!r} (fingerprint "
                             f"{described.get('fingerprint')}, dim {described.get('dim')})")
 
+    def searcher(self, ivf: IvfSettings | None = None) -> Searcher:
+        """The store's searcher (engine.store.search), chosen by its index kind: exact over `vectors` without a
+        loaded index, else FAISS's search of it (an ivf index with `ivf`, default the settings it was opened
+        with; hits of quantised codes re-ranked params["rerank"] x k from `vectors`)."""
+        return store_searcher(self.manifest["index"]["kind"], self.index, self.vectors,
+                              self.manifest["index"].get("params", {}), self.ivf if ivf is None else ivf)
+
     def search_tensor(self, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """query (Q, dim) float tensor, k -> scores (Q, k) float32 (-inf where missing), rows (Q, k) int64 (-1),
-        on the vectors' device: exact (`exact_topk` over `vectors`) without an index, else FAISS; an ivf index
-        of quantised codes gives params["rerank"] x k hits, re-scored exactly from `vectors` (`rerank`)."""
-        faiss_index.check_queries(query, int(self.manifest["dim"]), k)
-        if self.index is None:
-            return faiss_index.exact_topk(self.vectors, query, int(k))
-        params = self.manifest["index"].get("params", {})
-        wide = int(k) * max(1, int(params.get("rerank", 1))) if self.manifest["index"]["kind"] == "ivf" else int(k)
-        budget = int(getattr(self.index, "max_codes", 0) or 0)
-        scan = self.ivf_scan()
-        if scan == "vectors":  # the torch scan of the store's own vectors, the index's lists as rows
-            lists = self.ivf_rows()
-            scores, rows = ivf_vectors_topk(query.detach(), lists.centroids, self.vectors, lists.rows,
-                                            int(self.index.nprobe), wide, dtype=self.scan_dtype(), max_codes=budget,
-                                            int8_scale=self.column_scale() if self.vectors_int8() else None)
-        elif scan == "codes":  # the batched torch scan of the index's own codes (kernels.ivf_scan)
-            lists = self.sq8_lists()
-            scores, rows = (t.to(self.vectors.device) for t in ivf_sq8_topk(
-                query.detach().to("cpu", torch.float32), lists.centroids, lists.codes, lists.rows, lists.vmin,
-                lists.vdiff, int(self.index.nprobe), wide, lists.by_residual,
-                int8=self.ivf_int8 and lists.centroids.device.type == "cpu"
-                and len(self.vectors) >= IVF_INT8_MIN_LIST_ROWS * len(lists.codes), max_codes=budget))
-        else:
-            host = query.detach().to("cpu", torch.float32).numpy()
-            scores, rows = (torch.from_numpy(a).to(self.vectors.device)
-                            for a in faiss_index.search(self.index, host, wide))
-        if wide == k:
-            return scores, rows
-        return faiss_index.rerank(self.vectors, query, rows, int(k))
-
-    def ivf_scan(self) -> str | None:
-        """How `search_tensor` searches the ivf index: "vectors" (`kernels.ivf_vectors_topk` over the store's own
-        vectors, the index's lists read as rows: the default), "codes" (`kernels.ivf_sq8_topk` over an 8-bit
-        index's codes; `ivf_source` picks, see IVF_SOURCE), or None (FAISS's own search): the torch scans when
-        `ivf_search` is "torch", or "auto" with lists of at least IVF_SCAN_MIN_LIST_ROWS rows on average."""
-        if self.ivf_search == "faiss" or self.index is None or self.manifest["index"]["kind"] != "ivf":
-            return None
-        if self.ivf_search == "auto" and len(self.vectors) < IVF_SCAN_MIN_LIST_ROWS * max(1, int(
-                getattr(self.index, "nlist", 1))):
-            return None
-        source = self.ivf_source
-        if source == "vectors":
-            return "vectors" if self.ivf_rows() is not None else None
-        if source != "codes":
-            raise QascError(f"ivf_source must be one of {', '.join(IVF_SOURCES)}, got {source!r}")
-        return "codes" if self.sq8_lists() is not None else None
-
-    def ivf_rows(self) -> faiss_index.IvfRows | None:
-        """The ivf index's centroids and list rows on the vectors' device (built on first use, and again when the
-        index or the vectors' device changed), or None for an index that is not a CPU IVF."""
-        key = (self.index, self.vectors.device)
-        if self._rows_of != key:
-            lists = faiss_index.ivf_rows(self.index)
-            if lists is not None:
-                dev = self.vectors.device
-                lists = faiss_index.IvfRows(lists.centroids.to(dev), [r.to(dev) for r in lists.rows])
-            self._rows, self._rows_of = lists, key
-        return self._rows
-
-    def vectors_int8(self) -> bool:
-        """The vectors scan's products in int8 (`ivf_vectors_topk`'s int8_scale): on CPU where `ivf_int8` (int8
-        dot-product instructions), as the codes scan; IVF_SCAN_DTYPE other than "auto" turns it off."""
-        return IVF_SCAN_DTYPE == "auto" and self.vectors.device.type == "cpu" and bool(self.ivf_int8)
-
-    def column_scale(self) -> torch.Tensor:
-        """(dim,) float32 each dimension's largest |x| over the vectors, computed once a block of rows at a time
-        (the 8-bit steps of the int8 vectors scan)."""
-        if self._column_scale is None or self._column_scale.device != self.vectors.device:
-            scale = torch.zeros(self.vectors.shape[1], dtype=torch.float32, device=self.vectors.device)
-            for lo in range(0, len(self.vectors), COLUMN_SCALE_BLOCK_ROWS):
-                block = self.vectors[lo : lo + COLUMN_SCALE_BLOCK_ROWS]
-                scale = torch.maximum(scale, block.abs().amax(0).to(torch.float32))
-            self._column_scale = scale
-        return self._column_scale
-
-    def scan_dtype(self) -> torch.dtype:
-        """The vectors scan's product precision where it is not int8 (`vectors_int8`): float16 on CUDA, else
-        float32 (`IVF_SCAN_DTYPE` forces one); the hits of an ivf store are re-ranked exactly from the vectors."""
-        if IVF_SCAN_DTYPE != "auto":
-            return getattr(torch, IVF_SCAN_DTYPE)
-        return torch.float16 if self.vectors.device.type == "cuda" else torch.float32
-
-    def sq8_lists(self) -> faiss_index.Sq8Lists | None:
-        """Views of an 8-bit ivf index's lists (built on first use; they read the index's codes, paged in from
-        its mapped file), or None for any other index."""
-        if self.index is None:
-            return None
-        if self._sq8_of is not self.index:  # first use, or the index was replaced (moved to a device)
-            self._sq8, self._sq8_of = faiss_index.sq8_lists(self.index), self.index
-        return self._sq8
+        on the vectors' device: `self.searcher().search`."""
+        return self.searcher().search(query, k)
 
     def search(self, query_emb, k: int) -> tuple[np.ndarray, np.ndarray]:
         """query_emb (Q, dim) float (numpy or tensor), k -> scores (Q, k) float32 (-inf where missing), rows (Q, k)

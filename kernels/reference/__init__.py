@@ -38,21 +38,9 @@ from qasc.kernels.reference.extents import (
     run_norms,
 )
 from qasc.kernels.reference.gather import gathered_dots, segment_first
-from qasc.kernels.reference.ivf_scan import (
-    column_inverse,
-    int8_products,
-    ivf_sq8_topk,
-    ivf_vectors_topk,
-    probe_lists,
-    quantize_columns,
-    quantize_rows,
-    rank_keys,
-    row_top_k,
-    scan_budget,
-    top_k_per_query,
-)
 from qasc.kernels.reference.lexical import lexical_scores
 from qasc.kernels.reference.merging import label_segments, segment_scores, segment_spans, segment_sums
+from qasc.kernels.reference.quantize import column_inverse, int8_products, quantize_columns, quantize_rows, row_top_k
 from qasc.kernels.reference.runs import combine_keys, positions_like, region_keys, run_bounds
 from qasc.kernels.reference.seeding import percentile_seeds, percentile_threshold, similarity_ranks, top_ranked
 from qasc.kernels.reference.selection import focus_on_best, select_chunks
@@ -74,8 +62,6 @@ __all__ = [
     "heading_residual",
     "int8_heading_table",
     "int8_products",
-    "ivf_sq8_topk",
-    "ivf_vectors_topk",
     "label_segments",
     "lexical_scores",
     "neighbour_dots",
@@ -86,16 +72,13 @@ __all__ = [
     "pick_extents",
     "pooled_extent_scores",
     "positions_like",
-    "probe_lists",
     "quantize_columns",
     "quantize_rows",
-    "rank_keys",
     "region_keys",
     "row_scores",
     "row_top_k",
     "run_bounds",
     "run_norms",
-    "scan_budget",
     "segment_first",
     "segment_scores",
     "segment_spans",
@@ -103,6 +86,5 @@ __all__ = [
     "select_chunks",
     "shortlist_top",
     "similarity_ranks",
-    "top_k_per_query",
     "top_ranked",
 ]

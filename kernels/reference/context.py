@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from qasc.kernels.reference._common import _rows, _to_tensor
-from qasc.kernels.reference.ivf_scan import column_inverse, quantize_columns
+from qasc.kernels.reference.quantize import column_inverse, quantize_columns
 
 
 def int8_heading_table(heading_emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

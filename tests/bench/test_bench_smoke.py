@@ -167,7 +167,7 @@ def test_scale_bench_tiny(tmp_path):
     # the same queries with a token budget: the budget fill appends passages / rows to every query's chunks
     budget = scale.main(["--sentences", "600", "--queries", "60", "--exact-queries", "40", "--stream-queries", "0",
                          "--repeats", "1", "--work", str(tmp_path / "work"), "--reuse-store", "--no-quality",
-                         "--faiss-queries", "0", "--budget-tokens", "200"])
+                         "--budget-tokens", "200"])
     assert rec["budget_tokens"] is None and budget["budget_tokens"] == 200
     assert budget["query_ivf"]["rows"] > rec["query_ivf"]["rows"]
     with pytest.raises(SystemExit):

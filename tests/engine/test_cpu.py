@@ -40,19 +40,3 @@ def test_flags_are_whole_words(fake_cpuinfo):
     assert not cpu.cpu_has_int8_dot()
     fake_cpuinfo(ARM)
     assert "asimddp" in cpu.cpu_flags()
-
-
-def test_store_scans_in_int8_only_where_the_cpu_has_int8_dot(fake_cpuinfo, monkeypatch, tmp_path):
-    import numpy as np
-
-    from qasc.engine.store import reader
-
-    for text, expected in ((AVX2, False), (VNNI_BF16, True)):
-        fake_cpuinfo(text)
-        store = reader.Store(tmp_path, {}, [], [], [], np.zeros((0, 4), np.float32), None)
-        assert store.ivf_int8 is expected
-    monkeypatch.setattr(reader, "IVF_INT8", True)  # forced either way
-    assert reader.Store(tmp_path, {}, [], [], [], np.zeros((0, 4), np.float32), None).ivf_int8 is True
-    monkeypatch.setattr(reader, "IVF_INT8", False)
-    fake_cpuinfo(VNNI_BF16)
-    assert reader.Store(tmp_path, {}, [], [], [], np.zeros((0, 4), np.float32), None).ivf_int8 is False

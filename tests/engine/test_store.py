@@ -11,7 +11,6 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from qasc.engine.cpu import cpu_has_int8_dot
 from qasc.engine.errors import QascError
 from qasc.engine.store import (
     DOCUMENTS_SCHEMA,
@@ -197,7 +196,7 @@ def test_round_trip_exact_offsets_and_schemas(small_store, tiny_model):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ivf", "hnsw"])
-def test_index_flag_and_float16(tmp_path, tiny_model, kind, monkeypatch):
+def test_index_flag_and_float16(tmp_path, tiny_model, kind):
     from qasc.engine.config import EmbedderConfig, EngineConfig
 
     config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
@@ -212,56 +211,28 @@ def test_index_flag_and_float16(tmp_path, tiny_model, kind, monkeypatch):
     np.testing.assert_allclose(np.linalg.norm(store.embeddings.astype(np.float32), axis=1), 1, atol=1e-2)
     assert (store.search(store.embeddings, 1)[1][:, 0] == np.arange(len(store))).mean() > 0.9
     assert all(ok for _, ok, _ in verify_store(tmp_path / "s"))
-    if kind == "ivf":  # the 8-bit lists searched by the torch scan give FAISS's own hits
-        assert store.ivf_search == "auto" and store.ivf_scan() is None  # lists this short: FAISS's own search
-        from qasc.engine.store import reader
+    if kind == "ivf":  # FAISS's own search of the 8-bit lists, its 2 x k hits re-ranked exactly
+        from qasc.engine.store.search import FaissSearcher, IvfSettings
 
-        monkeypatch.setattr(reader, "IVF_SCAN_MIN_LIST_ROWS", 1)  # "auto" scans once the lists are long enough
-        assert store.ivf_scan() == "vectors"  # the store's own vectors, the index's lists as rows (the default)
-        store.ivf_source = "codes"  # the index's 8-bit codes
-        assert store.ivf_scan() == "codes"
-        monkeypatch.setattr(reader, "IVF_SCAN_MIN_LIST_ROWS", 10**9)
-        store.ivf_search = "torch"  # forced, whatever the list sizes
-        assert store.ivf_scan() == "codes" and store.ivf_int8 == cpu_has_int8_dot()  # int8 only with VNNI/AMX
-        store.ivf_int8 = True  # the int8 path, whatever this CPU (slow without VNNI, still correct)
+        searcher = store.searcher()
+        assert isinstance(searcher, FaissSearcher) and searcher.rerank == 2
+        assert store.ivf == IvfSettings(store.index.nprobe, 0)  # the store's nprobe, resolved at open
         q = torch.from_numpy(store.embeddings[:60].astype(np.float32)) + 0.05
-        monkeypatch.setattr(reader, "IVF_INT8_MIN_LIST_ROWS", 0)  # int8 even for these short lists
-        int8_s, int8_r = store.search_tensor(q, 5)  # int8 query weights, re-ranked exactly
-        store.ivf_int8 = False
-        torch_s, torch_r = store.search_tensor(q, 5)  # float32: FAISS's scores
-        store.ivf_source = "vectors"  # int8 products where `ivf_int8` (the CPU has them), as the codes
-        store.ivf_int8 = True
-        assert store.ivf_scan() == "vectors" and store.vectors_int8()
-        vec_s, vec_r = store.search_tensor(q, 5)
-        store.ivf_int8 = False
-        monkeypatch.setattr(reader, "IVF_SCAN_DTYPE", "float32")  # exact scores in the scan
-        assert not store.vectors_int8()
-        vec32_s, vec32_r = store.search_tensor(q, 5)
-        assert (vec32_r == vec_r).float().mean() > 0.9
-        monkeypatch.setattr(reader, "IVF_SCAN_DTYPE", "auto")
-        store.ivf_source = "codes"
-        store.ivf_search = "faiss"
-        assert store.ivf_scan() is None
-        faiss_s, faiss_r = store.search_tensor(q, 5)
-        assert (vec_r == faiss_r).float().mean() > 0.9  # the same lists probed; FAISS ranks by 8-bit codes
-        same = vec_r == faiss_r
-        assert torch.allclose(vec_s[same], faiss_s[same], atol=1e-4)
-        assert torch.allclose(torch_s, faiss_s, atol=1e-4) and (torch_r == faiss_r).float().mean() > 0.95
-        assert (int8_r == faiss_r).float().mean() > 0.9
-        same = int8_r == faiss_r  # a hit found by both has the same exact (re-ranked) score
-        assert torch.allclose(int8_s[same], faiss_s[same], atol=1e-4)
-        store.index.max_codes = 4  # a budget of codes per query (FAISS's IndexIVF.max_codes): both searches keep it
-        budget_s, budget_r = store.search_tensor(q, 5)
-        assert (budget_r != faiss_r).any()  # fewer codes scanned: other hits
-        store.ivf_search = "torch"
-        torch_s, torch_r = store.search_tensor(q, 5)
-        assert torch.allclose(torch_s, budget_s, atol=1e-4) and (torch_r == budget_r).float().mean() > 0.95
-        store.ivf_source = "vectors"
-        vec_budget_r = store.search_tensor(q, 5)[1]
-        assert (vec_budget_r == budget_r).float().mean() > 0.9 and (vec_budget_r != vec_r).any()
-        store.ivf_source = "neither"
-        with pytest.raises(QascError, match="ivf_source must be one of"):
-            store.search_tensor(q, 5)
+        got_s, got_r = store.search_tensor(q, 5)
+        wide_s, wide_r = faiss_index.search(store.index, q.numpy(), 10)  # FAISS alone, the 8-bit scores
+        want_s, want_r = faiss_index.rerank(store.vectors, q, torch.from_numpy(wide_r), 5)
+        assert torch.equal(got_r, want_r) and torch.equal(got_s, want_s)
+        budget = store.searcher(IvfSettings(store.ivf.nprobe, 4))  # a budget of codes per query (max_codes)
+        budget_r = budget.search(q, 5)[1]
+        assert (budget_r != got_r).any()  # fewer codes scanned: other hits
+        assert store.index.max_codes == 0  # the setting is passed per search, the index is left alone
+        one = store.searcher(IvfSettings(1)).search(q, 5)[1]  # one list probed: fewer of the exact hits
+        every = store.searcher(IvfSettings(store.index.nlist)).search(q, 5)[1]  # every list probed
+        exact_r = faiss_index.exact_topk(store.vectors, q, 5)[1]
+        assert faiss_index.recall_at_depth(every, exact_r) >= 0.95
+        assert faiss_index.recall_at_depth(one, exact_r) <= faiss_index.recall_at_depth(got_r, exact_r)
+        with pytest.raises(QascError, match="max_codes must be >= 0"):
+            IvfSettings(None, -1)
 
 
 def test_open_errors(tmp_path):

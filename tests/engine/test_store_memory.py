@@ -290,7 +290,7 @@ def test_opened_store_is_one_copy_and_fp16_gives_the_same_chunks(fp16_stores):
 
 
 @pytest.mark.slow
-def test_ivf_store_nprobe_override_and_recall(tmp_path, tiny_model, monkeypatch):
+def test_ivf_store_nprobe_override_and_recall(tmp_path, tiny_model):
     from qasc.engine.config import EmbedderConfig
     from qasc.engine.query import Engine
     from qasc.engine.store import IngestConfig, ingest, verify_store
@@ -319,23 +319,9 @@ def test_ivf_store_nprobe_override_and_recall(tmp_path, tiny_model, monkeypatch)
                      *flags]) == 0
         answers[budget] = out.read_text()
     assert answers[0] == answers[None] and answers[1] != answers[None]  # 0: no budget; 1 code: other chunks
-    from qasc.engine.store import reader  # qasc query --ivf-source: the torch scan reads the codes or the vectors
+    from qasc.engine.store.search import IvfSettings  # the same settings as one value, passed to Engine.open
 
-    scans = []
-    def spy(name: str):
-        real = getattr(reader, name)
-        return lambda *a, **kw: scans.append(name) or real(*a, **kw)
-
-    for name in ("ivf_sq8_topk", "ivf_vectors_topk"):
-        monkeypatch.setattr(reader, name, spy(name))
-    monkeypatch.setattr(reader, "IVF_SCAN_MIN_LIST_ROWS", 1)  # "auto" scans these short lists with torch
-    for source, used in (("codes", "ivf_sq8_topk"), ("vectors", "ivf_vectors_topk")):
-        out = tmp_path / f"answers-{source}.jsonl"
-        scans.clear()
-        assert main(["query", "--store", str(tmp_path / "s"), "--question", "sourdough starter", "--out", str(out),
-                     "--ivf-source", source]) == 0
-        assert scans and set(scans) == {used}
-        answers[source] = out.read_text()
-    assert answers["vectors"] == answers["codes"]  # both re-ranked exactly: the same chunks
-    with pytest.raises(QascError, match="max_codes applies to an ivf index"):
-        faiss_index.set_max_codes(None, 5)
+    ivf = Engine.open(str(tmp_path / "s"), device="cpu", ivf=IvfSettings(1, 3))
+    assert ivf.store.ivf == IvfSettings(1, 3) and ivf.store.index.nprobe == 1 and ivf.store.index.max_codes == 0
+    with pytest.raises(QascError, match="nprobe or ivf, not both"):
+        Store.open(tmp_path / "s", nprobe=2, ivf=IvfSettings(2))

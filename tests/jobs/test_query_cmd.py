@@ -66,8 +66,6 @@ def test_cli_query_jsonl_and_parquet(demo_store, tmp_path, capsys):
         (["--max-codes", "-1"], "--max-codes must be >= 0 (0: no budget), got -1"),
         (["--max-codes", "5"], "--max-codes applies to ivf stores;"),
         (["--max-codes", "5", "--ray"], "--max-codes applies to the local path only"),
-        (["--ivf-source", "vectors"], "--ivf-source applies to ivf stores;"),
-        (["--ivf-source", "codes", "--ray"], "--ivf-source applies to the local path only"),
         (["--min-seeds", "-1"], "min_seeds must be >= 0, got -1"),
         (["--workers", "0"], "--workers must be >= 1, got 0"),
     ],

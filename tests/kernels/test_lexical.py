@@ -8,8 +8,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import qasc.kernels.lexical as lexical_module
 import qasc.kernels.reference as ref
-from qasc import kernels
 from qasc.kernels.lexical import lexical_scores
 
 VOCAB = 7
@@ -42,21 +42,21 @@ def cases(draw: st.DrawFn) -> dict:
             "valid": torch.tensor(valid, dtype=torch.bool).reshape(q, l_)}
 
 
-MODES = ((kernels.lexical.DENSE_LOOKUP_ELEMENTS, kernels.lexical.INT32_INDEX_LIMIT),  # (Q, V) table, int32
-         (0, kernels.lexical.INT32_INDEX_LIMIT),  # (Q, U) table of the batch's terms
-         (0, 0), (kernels.lexical.DENSE_LOOKUP_ELEMENTS, 0))  # both with int64 indices
+MODES = ((lexical_module.DENSE_LOOKUP_ELEMENTS, lexical_module.INT32_INDEX_LIMIT),  # (Q, V) table, int32
+         (0, lexical_module.INT32_INDEX_LIMIT),  # (Q, U) table of the batch's terms
+         (0, 0), (lexical_module.DENSE_LOOKUP_ELEMENTS, 0))  # both with int64 indices
 
 
 def in_every_mode(**case) -> list[torch.Tensor]:
     """lexical_scores(**case) with each table and index width of MODES."""
     outs = []
     for dense_limit, index_limit in MODES:
-        saved = kernels.lexical.DENSE_LOOKUP_ELEMENTS, kernels.lexical.INT32_INDEX_LIMIT
-        kernels.lexical.DENSE_LOOKUP_ELEMENTS, kernels.lexical.INT32_INDEX_LIMIT = dense_limit, index_limit
+        saved = lexical_module.DENSE_LOOKUP_ELEMENTS, lexical_module.INT32_INDEX_LIMIT
+        lexical_module.DENSE_LOOKUP_ELEMENTS, lexical_module.INT32_INDEX_LIMIT = dense_limit, index_limit
         try:
             outs.append(lexical_scores(**case))
         finally:
-            kernels.lexical.DENSE_LOOKUP_ELEMENTS, kernels.lexical.INT32_INDEX_LIMIT = saved
+            lexical_module.DENSE_LOOKUP_ELEMENTS, lexical_module.INT32_INDEX_LIMIT = saved
     return outs
 
 

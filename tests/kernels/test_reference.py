@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import qasc.kernels.reference as ref
-from qasc import kernels
 from qasc.kernels import extents, merging, seeding, selection, snapping
 from qasc.kernels.params import BLOCK_RULES, QascParams
 from qasc.kernels.pipeline import run_qasc
@@ -450,12 +449,12 @@ def test_pick_extents_scan_and_steps_agree(data: st.DataObject, scan_max: int) -
     max_picks = data.draw(st.integers(1, 8))
     margin = data.draw(st.sampled_from([0.0, 0.125, 0.25, 2.0, float("inf")]))
     slow = ref.pick_extents(scores, max_picks, margin, sizes)
-    saved = kernels.extents.SCAN_MAX
+    saved = extents.SCAN_MAX
     try:
-        kernels.extents.SCAN_MAX = scan_max
+        extents.SCAN_MAX = scan_max
         fast = extents.pick_extents(scores, max_picks, margin, sizes)
     finally:
-        kernels.extents.SCAN_MAX = saved
+        extents.SCAN_MAX = saved
     for f, s in zip(fast, slow, strict=True):
         assert_same(f, s)
 

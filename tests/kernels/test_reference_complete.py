@@ -16,6 +16,7 @@ from pathlib import Path
 from types import ModuleType
 
 from qasc import kernels
+from qasc.kernels import reference
 
 # qualified name -> why the function has no twin (helpers that are not kernels)
 EXEMPT = {
@@ -25,7 +26,7 @@ EXEMPT = {
 EXTRA_PARAMETERS: dict[str, tuple[str, ...]] = {}
 # kernels modules a twin may import from, and what: types of the outputs, not operations
 ALLOWED_IMPORTS = {"qasc.kernels.candidates": {"CandidateRows"}}
-REFERENCE_DIR = Path(kernels.reference.__file__).parent
+REFERENCE_DIR = Path(reference.__file__).parent
 
 
 def kernel_modules() -> list[ModuleType]:
@@ -49,8 +50,8 @@ def twin_of(module: ModuleType, name: str) -> object | None:
 
 def test_discovery_finds_the_kernel_modules() -> None:
     names = {m.__name__ for m in kernel_modules()}
-    assert {"qasc.kernels.seeding", "qasc.kernels.extents", "qasc.kernels.ivf_scan", "qasc.kernels.runs"} <= names
-    assert sum(len(public_functions(m)) for m in kernel_modules()) > 40
+    assert {"qasc.kernels.seeding", "qasc.kernels.extents", "qasc.kernels.quantize", "qasc.kernels.runs"} <= names
+    assert sum(len(public_functions(m)) for m in kernel_modules()) >= 35  # 40 after the window and scan kernels went
 
 
 def test_every_public_kernel_has_a_twin() -> None:

@@ -1,6 +1,6 @@
 """The kernels' public helpers against their loop twins in kernels.reference: run bounds and keys (kernels.runs),
-similarity ranks (kernels.seeding), the IVF scan's probe, top-k bookkeeping, 8-bit quantisers and budget
-(kernels.ivf_scan) and the int8 heading table (kernels.context), on small random inputs with many ties."""
+similarity ranks (kernels.seeding), the top k with ties and the 8-bit quantisers (kernels.quantize) and the
+int8 heading table (kernels.context), on small random inputs with many ties."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import qasc.kernels.context as context
-import qasc.kernels.ivf_scan as scan
+import qasc.kernels.quantize as scan
 import qasc.kernels.reference as ref
 import qasc.kernels.runs as runs
 import qasc.kernels.seeding as seeding
@@ -67,42 +67,6 @@ def test_similarity_ranks_match_reference(rows: tuple[torch.Tensor, torch.Tensor
 
 
 @SETTINGS
-@given(st.integers(0, 2**31 - 1), st.integers(0, 4), st.integers(1, 6), st.sampled_from([1, 3, 8, 16]))
-def test_probe_lists_match_reference(seed: int, n_q: int, n_c: int, dim: int) -> None:
-    """The same centroid scores rank by rank; each returned list's exact score is the one reported (lists may
-    differ only among near-equal scores: float32 products against float64 sums)."""
-    g = seeded(seed)
-    query, cents = torch.randn(n_q, dim, generator=g), torch.randn(n_c, dim, generator=g)
-    nprobe = int(torch.randint(1, n_c + 1, (1,), generator=g))
-    fast_s, fast_l = scan.probe_lists(query, cents, nprobe)
-    slow_s, _ = ref.probe_lists(query, cents, nprobe)
-    assert fast_l.shape == (n_q, nprobe) and torch.allclose(fast_s, slow_s, atol=1e-5)
-    exact = (query.double() @ cents.double().T).float()
-    assert torch.allclose(exact.gather(1, fast_l), fast_s, atol=1e-5)
-
-
-@SETTINGS
-@given(st.lists(st.tuples(st.sampled_from([*GRID, -0.0, float("inf"), float("-inf"), 1e-30, -3e38]),
-                          st.integers(-1, 2**32 - 2)), max_size=20))
-def test_rank_keys_match_reference(entries: list[tuple[float, int]]) -> None:
-    scores = torch.tensor([s for s, _ in entries], dtype=torch.float32)
-    rows = torch.tensor([r for _, r in entries], dtype=torch.long)
-    assert torch.equal(scan.rank_keys(scores, rows), ref.rank_keys(scores, rows))
-
-
-@SETTINGS
-@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from(GRID), st.integers(0, 9)), max_size=30),
-       st.integers(1, 6))
-def test_top_k_per_query_matches_reference(entries: list[tuple[int, float, int]], k: int) -> None:
-    query_of = torch.tensor([e[0] for e in entries], dtype=torch.long)
-    scores = torch.tensor([e[1] for e in entries], dtype=torch.float32)
-    rows = torch.tensor([e[2] for e in entries], dtype=torch.long)
-    for fast, slow in zip(scan.top_k_per_query(query_of, scores, rows, 4, k),
-                          ref.top_k_per_query(query_of, scores, rows, 4, k), strict=True):
-        assert torch.equal(fast, slow)
-
-
-@SETTINGS
 @given(float_rows(), st.integers(1, 14), st.booleans(), st.integers(0, 2**31 - 1))
 def test_row_top_k_matches_reference(rows_: tuple[torch.Tensor, torch.Tensor], k: int, with_rows: bool,
                                      seed: int) -> None:
@@ -138,17 +102,6 @@ def test_quantisers_match_reference(seed: int, n: int, dim: int, zero_row: bool)
     assert torch.equal(scan.quantize_columns(y, inverse), ref.quantize_columns(y, inverse))
     other = ref.quantize_columns(y, inverse)
     assert torch.equal(scan.int8_products(codes, other), ref.int8_products(codes, other))
-
-
-@SETTINGS
-@given(st.integers(0, 2**31 - 1), st.integers(0, 5), st.integers(1, 5), st.sampled_from([0, 1, 3, 7, 20]))
-def test_scan_budget_matches_reference(seed: int, n_q: int, n_c: int, max_codes: int) -> None:
-    g = seeded(seed)
-    sizes = torch.randint(0, 9, (n_c,), generator=g).tolist()
-    probes = torch.stack([torch.randperm(n_c, generator=g) for _ in range(n_q)]) if n_q else torch.zeros(
-        (0, n_c), dtype=torch.long)
-    fast, slow = scan.scan_budget(probes, sizes, max_codes), ref.scan_budget(probes, sizes, max_codes)
-    assert (fast is None and slow is None) if max_codes <= 0 else torch.equal(fast, slow)
 
 
 @SETTINGS

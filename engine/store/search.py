@@ -1,0 +1,116 @@
+"""Searchers: a store's top-k search as one value, chosen by the store's index kind (README "Indexes").
+
+    searcher.search(queries (Q, dim) float tensor, k) -> scores (Q, k) float32 (-inf where missing),
+                                                        rows (Q, k) int64 (-1 there), on the vectors' device
+
+- `ExactSearcher`: the blocked exact top-k over the store's own vectors (`index.exact_topk`): flat stores, and
+  any store opened without its index.
+- `FaissSearcher`: FAISS's own search of the store's index: ivf (the lists probed and the codes budget from an
+  `IvfSettings` value, passed per search as FAISS's SearchParametersIVF, so the index is never reconfigured),
+  hnsw, a flat index loaded on purpose, an index moved to a GPU (same call: the faiss GPU build's). An index of
+  quantised codes (ivf SQ8) gives `rerank` x k hits, re-scored exactly from the vectors (`index.rerank`).
+
+Which one, and its settings, are values the caller passes (`Store.open(..., ivf=IvfSettings(...))`,
+`Engine.open(..., ivf=...)`, `qasc query --nprobe / --max-codes`); no module state picks a path. FAISS's own
+search replaced a batched torch scan of the lists (kernels.ivf_scan, removed): measured on the same lists, equal
+recall, the scan took 2.5-7.6x the time of `IndexIVFScalarQuantizer.search` + re-rank on bench.scale's 200k store,
+and on real MiniLM vectors it beat `faiss.contrib.big_batch_search` by 1.3x at best (bench/RESULTS.md, "One
+searcher").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from qasc.engine.errors import QascError
+from qasc.engine.store import index as faiss_index
+
+
+@dataclass(frozen=True)
+class IvfSettings:
+    """How an ivf index is searched. nprobe: inverted lists probed per query (None: the store's default,
+    `index.set_nprobe`); max_codes: at most this many codes scanned per query, the probed lists nearest first, the
+    one that crosses the budget cut short (FAISS's `IndexIVF.max_codes`; 0: no budget; CPU indexes only)."""
+
+    nprobe: int | None = None
+    max_codes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.nprobe is not None and (isinstance(self.nprobe, bool) or not isinstance(self.nprobe, int | np.integer)
+                                        or self.nprobe < 1):
+            raise QascError(f"nprobe must be a positive integer, got {self.nprobe!r}")
+        if isinstance(self.max_codes, bool) or not isinstance(self.max_codes, int | np.integer) or self.max_codes < 0:
+            raise QascError(f"max_codes must be >= 0 (0: no budget), got {self.max_codes!r}")
+
+
+class Searcher(Protocol):
+    def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """queries (Q, dim) float, k -> scores (Q, k) float32 (-inf where missing), rows (Q, k) int64 (-1)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ExactSearcher:
+    """Exact inner products over `vectors` (N, dim) float32 | float16, on their device (`index.exact_topk`: equal
+    scores lower row first, the lower rows kept at the cut)."""
+
+    vectors: torch.Tensor
+
+    def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        faiss_index.check_queries(queries, int(self.vectors.shape[1]), k)
+        return faiss_index.exact_topk(self.vectors, queries, int(k))
+
+
+@dataclass(frozen=True)
+class FaissSearcher:
+    """FAISS's search of `index` (CPU or GPU), hits re-scored exactly from `vectors` (N, dim) when rerank > 1:
+    rerank x k hits taken, the k best kept by exact score (equal scores lower row first). settings: an ivf index's
+    nprobe and max_codes (already resolved against its lists; other indexes ignore them)."""
+
+    index: object
+    vectors: torch.Tensor
+    rerank: int = 1
+    settings: IvfSettings = IvfSettings()
+
+    def search(self, queries: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        faiss_index.check_queries(queries, int(self.vectors.shape[1]), k)
+        wide = int(k) * max(1, int(self.rerank))
+        host = queries.detach().to("cpu", torch.float32).numpy()
+        scores, rows = (torch.from_numpy(a).to(self.vectors.device) for a in
+                        faiss_index.search(self.index, host, wide, ivf_params(self.index, self.settings)))
+        if wide == int(k):
+            return scores, rows
+        return faiss_index.rerank(self.vectors, queries, rows, int(k))
+
+
+def ivf_params(index, settings: IvfSettings):
+    """A CPU ivf index and its settings -> FAISS's SearchParametersIVF for one search; None for other indexes (a
+    GPU ivf index probes its own `nprobe`, set when it was loaded); QascError for a codes budget on an index that
+    has none (flat, hnsw, GPU), and for another nprobe than a GPU index's own (it would be ignored)."""
+    faiss = faiss_index._faiss()
+    ivf = faiss.downcast_index(index)
+    if not isinstance(ivf, faiss.IndexIVF):
+        if settings.max_codes:
+            raise QascError("max_codes applies to an ivf index searched on the CPU")
+        own = getattr(index, "nprobe", None)
+        if settings.nprobe is not None and own is not None and int(own) != int(settings.nprobe):
+            raise QascError(f"this index probes the {own} lists it was loaded with; open the store with nprobe "
+                            f"{settings.nprobe} instead")
+        return None
+    return faiss.SearchParametersIVF(nprobe=int(settings.nprobe or ivf.nprobe), max_codes=int(settings.max_codes))
+
+
+def store_searcher(kind: str, index, vectors: torch.Tensor, params: dict, settings: IvfSettings) -> Searcher:
+    """A store's index kind (flat | ivf | hnsw), its FAISS index (None: not loaded), vectors, the manifest's index
+    params and the ivf settings (nprobe resolved) -> the searcher: exact without an index, else FAISS's, an ivf
+    index's hits re-ranked params["rerank"] x k (stores before SQ8: 1)."""
+    if index is None:
+        return ExactSearcher(vectors)
+    rerank = max(1, int(params.get("rerank", 1))) if kind == "ivf" else 1
+    if kind == "ivf":
+        ivf_params(index, settings)  # a codes budget on a GPU index is refused here, before any search
+    return FaissSearcher(index, vectors, rerank, settings if kind == "ivf" else IvfSettings())
