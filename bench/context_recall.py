@@ -2,7 +2,7 @@
 
 Per set, the eval cache's store and question vectors (bench.scoring_lodo.load_sets); each variant is one engine
 pass (`Engine.query_embedded` with `engine.presets.apply("context", ...)`, the budget fill included), scored by
-the harness's character metric (jobs.eval.harness.score_hits): mean recall and mean tokens per question.
+the harness's character metric (jobs.eval.scoring.score_hits): mean recall and mean tokens per question.
 
     python -m bench.context_recall --variants context --budget 400
 
@@ -45,8 +45,8 @@ VARIANTS = {
 
 
 def main(argv=None) -> int:
-    from qasc.jobs.eval.harness import score_hits
     from qasc.jobs.eval.qasc import chunks_to_hits, torch_threads
+    from qasc.jobs.eval.scoring import score_hits
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sets", default=",".join(SETS))

@@ -32,7 +32,12 @@ RRF_DEPTH = 100
 
 def load_sets(names, cache_dir: str, log):
     from qasc.jobs.eval.data import load_dataset
-    from qasc.jobs.eval.harness import default_engine_factory, make_embedder, query_embeddings, resolve_eval_dtype
+    from qasc.jobs.eval.engine_setup import (
+        default_engine_factory,
+        make_embedder,
+        query_embeddings,
+        resolve_eval_dtype,
+    )
     from qasc.jobs.eval.retrieval import EvalCache
 
     embedder = make_embedder("cpu", "fast")
@@ -49,7 +54,7 @@ def load_sets(names, cache_dir: str, log):
 
 
 def f1_of(hits_per_q, questions) -> np.ndarray:
-    from qasc.jobs.eval.harness import score_hits
+    from qasc.jobs.eval.scoring import score_hits
 
     return score_hits(hits_per_q, questions)["f1"]
 

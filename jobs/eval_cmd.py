@@ -10,7 +10,9 @@ from pathlib import Path
 from qasc.engine.errors import QascError
 from qasc.jobs.devices import add_device_argument
 from qasc.jobs.eval.baselines import DEFAULT_METHODS
-from qasc.jobs.eval.harness import DEFAULT_CACHE_DIR, QUICK_CORPORA, EvalConfig, check_methods, run_eval
+from qasc.jobs.eval.config import DEFAULT_CACHE_DIR, QUICK_CORPORA, EvalConfig
+from qasc.jobs.eval.harness import run_eval
+from qasc.jobs.eval.methods import check_methods
 
 DATA_ENV = "QASC_EVAL_DATA"
 

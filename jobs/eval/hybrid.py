@@ -72,7 +72,7 @@ def bm25_tokens(texts: Sequence[str]) -> list[list[str]]:
 def bm25_top(unit_texts: Sequence[str], questions: Sequence[str], depth: int) -> tuple[np.ndarray, np.ndarray]:
     """-> ids (Q, depth) int64 (-1: none; units without a matching term are left out), scores (Q, depth) float32,
     best first, through one bm25s index over `unit_texts`."""
-    from qasc.jobs.eval.peers import require
+    from qasc.jobs.eval.peer_support import require
 
     bm25s = require("bm25s", "bm25s")
     ids = np.full((len(questions), depth), -1, dtype=np.int64)

@@ -27,16 +27,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from qasc.jobs.eval import baselines as B
-from qasc.jobs.eval.peers import (
-    Locator,
-    PeerChunker,
-    SentenceWindow,
-    _llama_document,
-    _node_id,
-    langchain_embeddings,
-    llama_index_offline,
-    require,
-)
+from qasc.jobs.eval.peer_support import Locator, langchain_embeddings, llama_index_offline, require
+from qasc.jobs.eval.peers import PeerChunker, SentenceWindow, _llama_document, _node_id
 from qasc.jobs.eval.retrieval import ChunkSet, Hit
 
 FETCH = 50  # each retriever's depth before fusion (at least)

@@ -22,25 +22,13 @@ import numpy as np
 from qasc.engine.config import RetrievalConfig, budget_setting
 from qasc.engine.errors import QascError
 from qasc.jobs.eval import qasc as Q
+from qasc.jobs.eval.config import EvalConfig, Log, grid_name
 from qasc.jobs.eval.context import SUFFIX as CONTEXT_SUFFIX
 from qasc.jobs.eval.crossval import CVResult, best_in_sample, leave_one_corpus_out
-from qasc.jobs.eval.harness import (
-    BUDGET_CRITERION,
-    METRIC_KEYS,
-    EvalConfig,
-    Log,
-    SetRun,
-    _environment,
-    _jsonable,
-    apply_selector,
-    extra_setting,
-    grid_name,
-    prepare_runs,
-    start_run,
-    summarize,
-    views,
-)
+from qasc.jobs.eval.harness import SetRun, _environment, _jsonable, prepare_runs, start_run
 from qasc.jobs.eval.metrics import bootstrap_ci
+from qasc.jobs.eval.scoring import METRIC_KEYS, apply_selector, extra_setting, summarize
+from qasc.jobs.eval.views import BUDGET_CRITERION, views
 from qasc.kernels.params import QascParams
 
 FIXED_FAMILIES = ("fixed", "recursive")

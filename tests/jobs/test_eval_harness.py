@@ -20,8 +20,9 @@ import torch
 from qasc.engine.errors import QascError
 from qasc.engine.types import Chunk
 from qasc.jobs.eval import qasc as Q
+from qasc.jobs.eval.config import EvalConfig
 from qasc.jobs.eval.data import load_dataset
-from qasc.jobs.eval.harness import EvalConfig, run_eval
+from qasc.jobs.eval.harness import run_eval
 from qasc.jobs.eval.retrieval import EvalCache, TokenCutter, build_chunkset, within_budget
 
 CORPORA = {

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from qasc.engine.errors import QascError
+from qasc.jobs.eval import peer_support as PS
 from qasc.jobs.eval import peers as P
 from qasc.jobs.eval.peer_methods import make_peer
 from qasc.jobs.eval.retrieval import ChunkSet, TokenCutter
@@ -47,19 +48,19 @@ def tok(embedder):
 
 def test_locator_maps_normalised_pieces():
     text = "Alpha  beta.\n\nGamma delta.   Epsilon."
-    loc = P.Locator(text)
+    loc = PS.Locator(text)
     assert loc.find("Alpha beta.") == (0, 12)
     assert loc.find("Gamma delta. Epsilon.") == (14, len(text))
     assert loc.find("   ") is None
     with pytest.raises(QascError, match="not found"):
         loc.find("Alpha")  # behind the cursor
-    assert P.exact_or_locate(text, ["Alpha beta.", "Gamma delta.", "Epsilon."], [0, 99, 29]) == [
+    assert PS.exact_or_locate(text, ["Alpha beta.", "Gamma delta.", "Epsilon."], [0, 99, 29]) == [
         (0, 12), (14, 26), (29, 37)]
 
 
 def test_locator_overlapping_siblings_in_repetitive_text():
     text = "abcdefghijklmnopqrstuvwxyz0123" * 8  # period 30, no whitespace
-    loc = P.Locator(text)
+    loc = PS.Locator(text)
     first = loc.find(text[:90], overlap=True)
     second = loc.find(text[75:165], overlap=True)  # also occurs at 15 and 45: must be the one in `first`'s tail
     third = loc.find(text[150:240], overlap=True)
@@ -97,7 +98,7 @@ def test_lc_semantic_maps_joined_sentences(embedder):
     pytest.importorskip("langchain_experimental")
     from langchain_experimental.text_splitter import SemanticChunker
 
-    pieces = SemanticChunker(P.langchain_embeddings(embedder)).split_text(TEXT)
+    pieces = SemanticChunker(PS.langchain_embeddings(embedder)).split_text(TEXT)
     spans = P.LangChainSemantic(embedder).spans(ABOUT, TEXT)
     assert [squeeze(TEXT[s:e]) for s, e in spans] == [squeeze(p) for p in pieces if p.strip()]
 
@@ -206,7 +207,8 @@ def test_missing_package_names_the_extra(monkeypatch, embedder, tok):
 
 def test_harness_builds_every_peer(embedder):
     from qasc.jobs.eval import baselines as B
-    from qasc.jobs.eval.harness import EvalConfig, make_chunkers
+    from qasc.jobs.eval.config import EvalConfig
+    from qasc.jobs.eval.methods import make_chunkers
 
     names = [m for m in B.DEFAULT_METHODS if m in P.PEER_METHODS]
     assert names == list(P.PEER_METHODS)

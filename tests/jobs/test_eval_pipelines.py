@@ -13,8 +13,10 @@ import pytest
 from qasc.engine.errors import QascError
 from qasc.jobs.eval import hybrid as H
 from qasc.jobs.eval import pipelines as PL
+from qasc.jobs.eval.config import EvalConfig
 from qasc.jobs.eval.data import Question
-from qasc.jobs.eval.harness import EvalConfig, make_chunkers, parse_method, run_eval
+from qasc.jobs.eval.harness import run_eval
+from qasc.jobs.eval.methods import make_chunkers, parse_method
 from qasc.jobs.eval.retrieval import EvalCache, build_chunkset, ranked_hits
 from tests.jobs.test_eval_harness import HashEmbedder, write_dataset
 from tests.jobs.test_eval_peers import TEXT, squeeze

@@ -28,7 +28,7 @@ def chroma():
 
 @pytest.fixture(scope="module")
 def eval_embedder():
-    from qasc.jobs.eval.harness import make_embedder
+    from qasc.jobs.eval.engine_setup import make_embedder
 
     return make_embedder("cpu", "fast")
 
@@ -36,8 +36,9 @@ def eval_embedder():
 def test_recursive_200_tokens_k5_matches_chroma(chroma, eval_embedder):
     """Chroma's report: RecursiveTokenChunker 200 tokens, overlap 0, k=5 -> recall 75.7, precision 6.5."""
     from qasc.jobs.eval.baselines import RecursiveTokenChunker
-    from qasc.jobs.eval.harness import query_embeddings, score_hits
+    from qasc.jobs.eval.engine_setup import query_embeddings
     from qasc.jobs.eval.retrieval import EvalCache, build_chunkset, ranked_hits
+    from qasc.jobs.eval.scoring import score_hits
 
     cache = EvalCache(CACHE)
     chunks = build_chunkset(RecursiveTokenChunker(200), chroma.corpora, eval_embedder, cache)

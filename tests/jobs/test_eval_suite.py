@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from qasc.jobs.eval import qasc as Q
-from qasc.jobs.eval.harness import EvalConfig
+from qasc.jobs.eval.config import EvalConfig
 from qasc.jobs.eval.suite import run_suite
 from tests.jobs.test_eval_harness import CORPORA, HashEmbedder, fake_factory, write_dataset
 
