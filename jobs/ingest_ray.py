@@ -232,7 +232,7 @@ def _build_index_task(root: str, shards: list[dict], old: dict | None, kind: str
     """-> (the index's manifest entry, where it was built: 'node IP, pid N')."""
     import ray
 
-    from qasc.engine.store.index import build_index_file
+    from qasc.engine.store.index_build import build_index_file
     from qasc.engine.store.progress import log_stderr
 
     entry = build_index_file(root, shards, old, kind, dim, index_file, log_stderr)
@@ -241,7 +241,7 @@ def _build_index_task(root: str, shards: list[dict], old: dict | None, kind: str
 
 def build_index_remote(root: str, shards: list[dict], old: dict | None, kind: str, dim: int, index_file: str,
                        log: Callable[[str], None]) -> dict:
-    """`engine.store.index.build_index_file` in a Ray task on one node (root: a path that node can read and
+    """`engine.store.index_build.build_index_file` in a Ray task on one node (root: a path that node can read and
     write) -> the manifest entry; the driver holds neither vectors nor index. The task asks for the CPUs of the
     largest node (the embedding actors are gone by now), so that faiss's k-means threads have them (Ray sets
     OMP_NUM_THREADS to a task's CPUs). A QascError / ResumableError of the task is raised as itself."""

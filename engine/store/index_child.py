@@ -3,8 +3,8 @@
 The index is the one part of a local ingest whose memory grows with the input (an ivf index's 8-bit codes are N x
 dim bytes, plus 8 bytes of id a row, plus the list assignments while adding). `LocalRunner.build_index` hands
 stores of at least INDEX_CHILD_MIN_ROWS rows to `build_in_child`: a fresh interpreter running this module's
-`main(SPEC)` runs `engine.store.index.build_index_file` (the same call as in process, and as the Ray task of a cluster
-ingest) and reports the manifest entry, or the error, in a JSON file beside the spec; its log lines go to
+`main(SPEC)` runs `engine.store.index_build.build_index_file` (the same call as in process, and as the Ray task of a
+cluster ingest) and reports the manifest entry, or the error, in a JSON file beside the spec; its log lines go to
 stderr. The driver's memory then stays flat in N; the child's peak RSS (ru_maxrss) comes back with the entry.
 
 A child that dies (killed for memory, a crash) raises ResumableError: the shards are committed, and the same
@@ -64,7 +64,7 @@ def build_in_child(root: str, shards: list[dict], old: dict | None, kind: str, d
 def main(argv: list[str]) -> int:
     """The child: [SPEC] -> the index written, {"entry", "peak_rss_gb"} or {"error": {"type", "message"}} in
     the spec's result file. Exit status 0 either way (the result file says which)."""
-    from qasc.engine.store.index import build_index_file
+    from qasc.engine.store.index_build import build_index_file
     from qasc.engine.store.progress import log_stderr
 
     spec = json.loads(Path(argv[0]).read_text())

@@ -29,7 +29,7 @@ from qasc.engine.passages import Passages, pack_passages
 from qasc.engine.splitter import SplitterConfig, heading_paths, split_sentences
 from qasc.engine.store import index_child
 from qasc.engine.store.files import ResumableError, atomic_parquet, file_digest
-from qasc.engine.store.index import build_index_file
+from qasc.engine.store.index_build import build_index_file
 from qasc.engine.store.inputs import InputUnit, read_unit
 from qasc.engine.store.lexical import PASSAGES, ROWS, passage_texts, row_texts, terms_table
 from qasc.engine.store.records import Document, ReadOptions
@@ -297,7 +297,7 @@ class ShardRunner(Protocol):
     done: unit_id -> indices of its shards already staged (skipped: read and checked, not embedded again).
     `session()` is entered before anything is written (a runner that cannot start writes nothing);
     `mode` and `workers` are recorded in the manifest's run entry. `build_index` builds and writes the store's
-    index once every shard is committed (`engine.store.index.build_index_file`, wherever the runner runs it)
+    index once every shard is committed (`engine.store.index_build.build_index_file`, wherever the runner runs it)
     and returns its manifest entry.
     """
 

@@ -11,6 +11,7 @@ import pytest
 
 from qasc.engine.errors import QascError
 from qasc.engine.store import index as faiss_index
+from qasc.engine.store import index_build
 
 
 def clustered(n: int, dim: int, seed: int, centres: int = 12) -> np.ndarray:
@@ -55,7 +56,7 @@ def test_build_from_shards_equals_the_in_memory_build(tmp_path, kind, dtype):
     cap = 700 * 4 * dim  # 700 rows < 64 x 76 lists
     sizes = [1, 999, 640, 1, 1359]
     shards = write_shards(tmp_path, emb, sizes, dtype)
-    index, entry = faiss_index.build_index(tmp_path, shards, None, kind, dim, lambda line: None, train_bytes=cap)
+    index, entry = index_build.build_index(tmp_path, shards, None, kind, dim, lambda line: None, train_bytes=cap)
     assert entry["kind"] == kind and entry["ntotal"] == len(emb) == index.ntotal
     assert faiss_index.serialize(index) == in_memory(kind, emb.astype(dtype), cap)
 
@@ -66,11 +67,11 @@ def test_append_fills_the_old_lists_like_one_build(tmp_path):
     dim = 16
     emb = clustered(2600, dim, seed=2)
     shards = write_shards(tmp_path, emb, [800, 1, 799, 1000], "float16")
-    first, entry = faiss_index.build_index(tmp_path, shards[:2], None, "ivf", dim, lambda line: None)
+    first, entry = index_build.build_index(tmp_path, shards[:2], None, "ivf", dim, lambda line: None)
     (tmp_path / "index-0001.faiss").write_bytes(faiss_index.serialize(first))
     old = {"index": {**entry, "file": "index-0001.faiss"}, "counts": {"shards": 2},
            "checksums": {"index-0001.faiss": {"sha256": faiss_index.sha256(faiss_index.serialize(first))}}}
-    grown, grown_entry = faiss_index.build_index(tmp_path, shards, old, "ivf", dim, lambda line: None)
+    grown, grown_entry = index_build.build_index(tmp_path, shards, old, "ivf", dim, lambda line: None)
     assert grown_entry["params"] == entry["params"] and grown.ntotal == len(emb)
     faiss_index.add(first, emb[801:].astype(np.float16).astype(np.float32))
     assert faiss_index.serialize(grown) == faiss_index.serialize(first)
@@ -83,26 +84,26 @@ def test_append_outside_the_codes_range_retrains(tmp_path):
     dim = 16
     emb = clustered(3000, dim, seed=4)
     shards = write_shards(tmp_path, emb, [12, 1500, 1488], "float16")
-    first, entry = faiss_index.build_index(tmp_path, shards[:1], None, "ivf", dim, lambda line: None)
+    first, entry = index_build.build_index(tmp_path, shards[:1], None, "ivf", dim, lambda line: None)
     data = faiss_index.serialize(first)
     (tmp_path / "index-0001.faiss").write_bytes(data)
     old = {"index": {**entry, "file": "index-0001.faiss"}, "counts": {"shards": 1},
            "checksums": {"index-0001.faiss": {"sha256": faiss_index.sha256(data)}}}
     lines: list[str] = []
-    grown, grown_entry = faiss_index.build_index(tmp_path, shards, old, "ivf", dim, lines.append)
+    grown, grown_entry = index_build.build_index(tmp_path, shards, old, "ivf", dim, lines.append)
     assert any("retraining the index over all 3000 sentences" in line for line in lines)
     assert grown_entry["params"] == faiss_index.default_params("ivf", 3000) != entry["params"]
     stored = emb.astype(np.float16)
     rows = np.arange(len(emb))
     assert faiss_index.reconstruct_matches(grown_entry, faiss_index.reconstruct(grown, rows), stored)
     # the same append to an index trained on enough rows keeps its lists (no retraining)
-    base, base_entry = faiss_index.build_index(tmp_path, shards[:2], None, "ivf", dim, lambda line: None)
+    base, base_entry = index_build.build_index(tmp_path, shards[:2], None, "ivf", dim, lambda line: None)
     data = faiss_index.serialize(base)
     (tmp_path / "index-0002.faiss").write_bytes(data)
     old = {"index": {**base_entry, "file": "index-0002.faiss"}, "counts": {"shards": 2},
            "checksums": {"index-0002.faiss": {"sha256": faiss_index.sha256(data)}}}
     lines.clear()
-    kept, kept_entry = faiss_index.build_index(tmp_path, shards, old, "ivf", dim, lines.append)
+    kept, kept_entry = index_build.build_index(tmp_path, shards, old, "ivf", dim, lines.append)
     assert not lines and kept_entry["params"] == base_entry["params"] and kept.ntotal == 3000
 
 
@@ -111,7 +112,7 @@ def test_a_shard_shorter_than_its_record_is_refused(tmp_path):
     shards = write_shards(tmp_path, emb, [100, 100], "float32")
     shards[1]["n_sentences"] = 120
     with pytest.raises(QascError, match="100 embeddings, the manifest says 120"):
-        faiss_index.build_index(tmp_path, shards, None, "flat", 8, lambda line: None)
+        index_build.build_index(tmp_path, shards, None, "flat", 8, lambda line: None)
 
 
 @pytest.mark.parametrize("n", [0, 1, 39, 5000, 150_000, 1_000_000, 10_000_000])
