@@ -38,7 +38,7 @@ def load_ref(ref: str, folder: Path):
         tar.extractall(folder, filter="data")
     pkg = folder / "kernels"
     for path in pkg.glob("*.py"):
-        path.write_text(re.sub(r"\bfrom kernels(\.| import)", r"from kernels_ab_ref\1", path.read_text()))
+        path.write_text(re.sub(r"\bfrom (?:qasc\.)?kernels(\.| import)", r"from kernels_ab_ref\1", path.read_text()))
     pkg.rename(folder / "kernels_ab_ref")
     sys.path.insert(0, str(folder))
     return importlib.import_module("kernels_ab_ref.pipeline")

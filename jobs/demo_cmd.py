@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from qasc.engine.store import IngestProgress, ingest
     from qasc.jobs.results import print_table
 
-    corpus = files("engine") / "data" / "demo"
+    corpus = files("qasc.engine") / "data" / "demo"
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="qasc-demo-") as tmp:
         store = args.store or f"{tmp}/store"

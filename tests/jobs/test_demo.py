@@ -47,3 +47,20 @@ def test_the_first_chunk_is_in_the_answer_section(demo_answers, i):
     assert results[i], DEMO_QUESTIONS[i]
     first = results[i][0]
     assert first.doc_id == doc and lo <= first.char_start < first.char_end <= hi, (DEMO_QUESTIONS[i], first)
+
+
+def test_qasc_demo_runs_on_the_installed_corpus(tmp_path):
+    """`make demo` (`qasc demo`) as a user runs it, outside the checkout (no repo root on sys.path: the corpus is found
+    through the installed package, qasc.engine's data), every demo question answered with its first chunk printed."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "qasc.jobs.cli", "demo", "--store", str(tmp_path / "store"),
+                           "--top-k", "1", "--device", "cpu"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "demo store: 3 documents" in proc.stdout
+    assert all(f"[{i}] {q}" in proc.stdout for i, q in enumerate(DEMO_QUESTIONS))
+    assert proc.stdout.count("#1 score") == len(DEMO_QUESTIONS)
