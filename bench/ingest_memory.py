@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from qasc.engine.config import EmbedderConfig, EngineConfig
     from qasc.engine.store import IngestConfig, IngestProgress, index_child, ingest
-    from qasc.engine.store import index as faiss_index
+    from qasc.engine.store import index_build as faiss_index  # the build looks these steps up here
 
     if args.index_in_process:
         index_child.INDEX_CHILD_MIN_ROWS = 1 << 62
