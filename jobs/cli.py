@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    warnings.formatwarning = partial(_one_line_warning, args.command)
+    caller_format, warnings.formatwarning = warnings.formatwarning, partial(_one_line_warning, args.command)
     try:
         return int(args._run(args) or 0)
     except QascError as exc:
@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"qasc {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:  # main() called in process (tests, notebooks): the caller's warning format comes back
+        warnings.formatwarning = caller_format
 
 
 if __name__ == "__main__":

@@ -165,3 +165,18 @@ def test_cli_out_streams_slices(demo_store, tmp_path):
     drop = lambda rows: [{k: v for k, v in r.items() if k != "score"} for r in rows]  # noqa: E731
     assert drop(outs[0]) == drop(outs[1])
     np.testing.assert_allclose([r["score"] for r in outs[0]], [r["score"] for r in outs[1]], rtol=1e-5, atol=1e-6)
+
+
+def test_cli_warnings_are_one_line_and_the_callers_format_comes_back(tmp_path, capsys):
+    """`qasc CMD` prints a warning as one line (`qasc CMD: warning: ...`, no source echo); main() called in process
+    gives the caller's warnings.formatwarning back, whatever the command's outcome."""
+    import warnings
+
+    from qasc.jobs.cli import _one_line_warning, main
+
+    assert _one_line_warning("query", UserWarning("stored config: x"), UserWarning, "f.py", 3) == \
+        "qasc query: warning: stored config: x\n"
+    before = warnings.formatwarning
+    assert main(["query", "--store", str(tmp_path / "none"), "--question", "q"]) == 2  # no such store: an error
+    assert warnings.formatwarning is before
+    assert "qasc query: error:" in capsys.readouterr().err
