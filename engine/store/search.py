@@ -12,10 +12,10 @@
 
 Which one, and its settings, are values the caller passes (`Store.open(..., ivf=IvfSettings(...))`,
 `Engine.open(..., ivf=...)`, `qasc query --nprobe / --max-codes`); no module state picks a path. FAISS's own
-search replaced a batched torch scan of the lists (kernels.ivf_scan, removed): measured on the same lists, equal
-recall, the scan took 2.5-7.6x the time of `IndexIVFScalarQuantizer.search` + re-rank on bench.scale's 200k store,
-and on real MiniLM vectors it beat `faiss.contrib.big_batch_search` by 1.3x at best (bench/RESULTS.md, "One
-searcher").
+search replaced a batched torch scan of the lists (kernels.ivf_scan, removed): on an idle host, equal recall, the
+scan beat FAISS's best batched path (`faiss.contrib.big_batch_search` over IVFFlat) by only 1.1-1.5x, but the path
+usable on the store's SQ8 indexes (this `.search` + re-rank) is 1.65-4.1x slower than the scan was, so ivf stores
+above ~260k rows search more slowly (bench/RESULTS.md, "IVF searchers on an idle host" and "One searcher").
 """
 
 from __future__ import annotations
