@@ -15,7 +15,10 @@ Every searcher probes the same lists and returns the top `--k`:
     faiss-sq8-preassign  the same lists searched through search_preassigned, fed the torch assignment
     faiss-big-batch      faiss.contrib.big_batch_search over the flat IVF (list by list, all queries of a list at once)
     faiss-sq8-big-batch  big_batch_search over the SQ8 lists, 2 x k hits re-scored exactly (the engine's re-rank)
-    faiss-sq8-rerank     IVF-SQ8 .search, 2 x k hits re-scored exactly (what the engine does with FAISS's search)
+    faiss-sq8-rerank     IVF-SQ8 .search, 2 x k hits re-scored exactly (the engine's search of a few queries)
+    list-major-sq8-rerank  engine.store.search.list_major_search over the SQ8 lists (big_batch_search's list order,
+                         the inner product right for residual codes), 2 x k re-scored: the engine's batch search
+    list-major-flat      the same over the flat IVF
     torch-float32        kernels.ivf_scan.ivf_vectors_topk over the rows (float32 products)
     torch-int8           the same with int8 products (the engine's CPU path on VNNI / AMX CPUs), re-ranked exactly
 
@@ -86,6 +89,7 @@ def main(argv=None) -> int:
     from faiss.contrib.big_batch_search import big_batch_search
 
     from qasc.engine.store.index import exact_topk, rerank
+    from qasc.engine.store.search import list_major_search
 
     try:  # the torch scan the engine used until issue 44 (removed; see the docstring)
         from qasc.kernels.ivf_scan import ivf_vectors_topk
@@ -176,6 +180,9 @@ def main(argv=None) -> int:
         searchers.update({
             "faiss-sq8-preassign": preassigned,
             "faiss-big-batch": lambda: big_batch(flat, args.k),
+            "list-major-sq8-rerank": lambda nprobe=nprobe: rerank(
+                rows, qt, torch.as_tensor(list_major_search(sq8, qs, 2 * args.k, nprobe)[1]), args.k)[1].numpy(),
+            "list-major-flat": lambda nprobe=nprobe: list_major_search(flat, qs, args.k, nprobe)[1],
             "faiss-sq8-big-batch": lambda: rerank(rows, qt, torch.as_tensor(big_batch(sq8, 2 * args.k)),
                                                   args.k)[1].numpy(),
             **({"torch-float32": lambda: torch_scan(False), "torch-int8": lambda: torch_scan(True)}

@@ -8,14 +8,16 @@
 - `FaissSearcher`: FAISS's own search of the store's index: ivf (the lists probed and the codes budget from an
   `IvfSettings` value, passed per search as FAISS's SearchParametersIVF, so the index is never reconfigured),
   hnsw, a flat index loaded on purpose, an index moved to a GPU (same call: the faiss GPU build's). An index of
-  quantised codes (ivf SQ8) gives `rerank` x k hits, re-scored exactly from the vectors (`index.rerank`).
+  quantised codes (ivf SQ8) gives `rerank` x k hits, re-scored exactly from the vectors (`index.rerank`). A CPU ivf
+  search of many queries (each probed list visited by LIST_MAJOR_MIN_VISITS queries or more on average) goes list
+  by list instead (`list_major_search`): the same hits, 1.5-2.9x faster (bench/RESULTS.md, "List-major search").
 
 Which one, and its settings, are values the caller passes (`Store.open(..., ivf=IvfSettings(...))`,
 `Engine.open(..., ivf=...)`, `qasc query --nprobe / --max-codes`); no module state picks a path. FAISS's own
 search replaced a batched torch scan of the lists (kernels.ivf_scan, removed): on an idle host, equal recall, the
 scan beat FAISS's best batched path (`faiss.contrib.big_batch_search` over IVFFlat) by only 1.1-1.5x, but the path
 usable on the store's SQ8 indexes (this `.search` + re-rank) is 1.65-4.1x slower than the scan was, so ivf stores
-above ~260k rows search more slowly (bench/RESULTS.md, "IVF searchers on an idle host" and "One searcher").
+above ~260k rows searched more slowly until the list-major path (bench/RESULTS.md, "IVF searchers on an idle host").
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ import torch
 from qasc.engine.errors import QascError
 from qasc.engine.store import index as faiss_index
 
+# A CPU ivf search goes list by list when its queries' probes visit each list this often on average (Q x nprobe >=
+# this x nlist). Measured crossover on bench.scale's 200k store (1,788 lists): 27 visits at nprobe 16, 44 at 112;
+# below it FAISS's query-by-query search is faster (8x at one query).
+LIST_MAJOR_MIN_VISITS = 32
 
 @dataclass(frozen=True)
 class IvfSettings:
@@ -80,8 +86,12 @@ class FaissSearcher:
         faiss_index.check_queries(queries, int(self.vectors.shape[1]), k)
         wide = int(k) * max(1, int(self.rerank))
         host = queries.detach().to("cpu", torch.float32).numpy()
-        scores, rows = (torch.from_numpy(a).to(self.vectors.device) for a in
-                        faiss_index.search(self.index, host, wide, ivf_params(self.index, self.settings)))
+        params = ivf_params(self.index, self.settings)
+        if goes_list_major(self.index, params, host.shape[0]):
+            found = list_major_search(self.index, host, wide, params.nprobe)
+        else:
+            found = faiss_index.search(self.index, host, wide, params)
+        scores, rows = (torch.from_numpy(a).to(self.vectors.device) for a in found)
         if wide == int(k):
             return scores, rows
         return faiss_index.rerank(self.vectors, queries, rows, int(k))
@@ -102,6 +112,65 @@ def ivf_params(index, settings: IvfSettings):
                             f"{settings.nprobe} instead")
         return None
     return faiss.SearchParametersIVF(nprobe=int(settings.nprobe or ivf.nprobe), max_codes=int(settings.max_codes))
+
+
+def goes_list_major(index, params, n_queries: int) -> bool:
+    """Whether a search of n_queries with these SearchParametersIVF (None: not a CPU ivf index) goes list by list:
+    an IVF,Flat or SQ index by inner product, no codes budget (FAISS applies it per query), and at least
+    LIST_MAJOR_MIN_VISITS queries per list on average."""
+    if params is None or params.max_codes:
+        return False
+    faiss = faiss_index._faiss()
+    ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
+    return (isinstance(ivf, faiss.IndexIVFFlat | faiss.IndexIVFScalarQuantizer)
+            and ivf.metric_type == faiss.METRIC_INNER_PRODUCT
+            and n_queries * params.nprobe >= LIST_MAJOR_MIN_VISITS * ivf.nlist)
+
+
+def list_major_search(index, queries: np.ndarray, k: int, nprobe: int) -> tuple[np.ndarray, np.ndarray]:
+    """A CPU ivf index (IVF,Flat or SQ8, by inner product), queries (Q, dim) float32, k, nprobe -> scores (Q, k)
+    float32 (-inf where missing), rows (Q, k) int64 (-1 there): the hits of `index.search` with that nprobe, searched
+    list by list as `faiss.contrib.big_batch_search` does (every query assigned to its nprobe nearest lists, the
+    (query, list) pairs bucketed by list, each list's codes decoded once and scored against all of its queries with
+    `faiss.knn`, one FAISS result heap), which reads each list once per batch instead of once per query.
+    big_batch_search itself subtracts the centroid from the queries of a list of residual codes: right for L2, wrong
+    for the inner product (recall@8 0.137 on the store's SQ8 lists); here the centroid is added to the decoded
+    residuals instead, <q, c + r>, so the scores are FAISS's own up to float rounding."""
+    faiss = faiss_index._faiss()
+    ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
+    if not isinstance(ivf, faiss.IndexIVFFlat | faiss.IndexIVFScalarQuantizer) or (
+            ivf.metric_type != faiss.METRIC_INNER_PRODUCT):
+        raise QascError("the list-major search takes an IVF,Flat or SQ index scored by inner product")
+    from faiss.contrib.inspect_tools import get_invlist
+
+    n_queries, nprobe = queries.shape[0], min(int(nprobe), ivf.nlist)
+    kk = min(int(k), max(int(ivf.ntotal), 1))
+    if n_queries == 0:
+        return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
+    _, assign = ivf.quantizer.search(np.ascontiguousarray(queries, np.float32), nprobe)  # (Q, nprobe), -1: none
+    pairs = np.argsort(assign.ravel(), kind="stable")  # (query, probe) pairs bucketed by list
+    query_of = pairs // nprobe
+    bounds = np.searchsorted(assign.ravel()[pairs], np.arange(ivf.nlist + 1))  # list l: pairs[bounds[l]:bounds[l+1]]
+    sq = ivf.sq if isinstance(ivf, faiss.IndexIVFScalarQuantizer) else None
+    heap = faiss.ResultHeap(n_queries, kk, keep_max=True)
+    for lst in range(ivf.nlist):
+        size = ivf.invlists.list_size(lst)
+        if bounds[lst + 1] == bounds[lst] or size == 0:
+            continue
+        ids, codes = get_invlist(ivf.invlists, lst)
+        vectors = sq.decode(codes).reshape(size, ivf.d) if sq is not None else codes.view(np.float32).reshape(size, -1)
+        if sq is not None and ivf.by_residual:
+            vectors += ivf.quantizer.reconstruct(lst)
+        subset = query_of[bounds[lst]:bounds[lst + 1]]
+        scores, local = faiss.knn(queries[subset], vectors, min(kk, size), metric=faiss.METRIC_INNER_PRODUCT)
+        heap.add_result_subset(subset, scores, ids[local])
+    heap.finalize()
+    scores, rows = heap.D.astype(np.float32), heap.I.astype(np.int64)
+    if kk < k:  # pad to (Q, k)
+        scores = np.concatenate([scores, np.full((n_queries, k - kk), -np.inf, np.float32)], axis=1)
+        rows = np.concatenate([rows, np.full((n_queries, k - kk), -1, np.int64)], axis=1)
+    scores[rows < 0] = -np.inf
+    return scores, rows
 
 
 def store_searcher(kind: str, index, vectors: torch.Tensor, params: dict, settings: IvfSettings) -> Searcher:

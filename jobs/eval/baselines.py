@@ -258,6 +258,8 @@ class PerplexityChunker(Chunker):
             from transformers import AutoModelForCausalLM, AutoTokenizer
             from transformers.utils import logging as hf_logging
 
+            from qasc.engine.cpu import cpu_has_native_bf16
+
             hf_logging.set_verbosity_error()
             hf_logging.disable_progress_bar()
             folder, name = smollm2_path()
@@ -270,7 +272,9 @@ class PerplexityChunker(Chunker):
                 gguf_utils.tqdm = lambda it, *a, **k: it
             try:
                 tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-                model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16)
+                # the LM runs on the CPU: bf16 only where the CPU has bf16 units (elsewhere slower than float32)
+                dtype = torch.bfloat16 if cpu_has_native_bf16() else torch.float32
+                model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
             except (ImportError, ValueError) as exc:
                 raise QascError(f"cannot load SmolLM2 from {folder}/{name}: {exc} (needs the `gguf` and "
                                 f"`accelerate` packages)") from None
