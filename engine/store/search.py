@@ -10,14 +10,14 @@
   hnsw, a flat index loaded on purpose, an index moved to a GPU (same call: the faiss GPU build's). An index of
   quantised codes (ivf SQ8) gives `rerank` x k hits, re-scored exactly from the vectors (`index.rerank`). A CPU ivf
   search of many queries (each probed list visited by LIST_MAJOR_MIN_VISITS queries or more on average) goes list
-  by list instead (`list_major_search`): the same hits, 1.5-2.9x faster (bench/RESULTS.md, "List-major search").
+  by list instead (`list_major_search`): the same hits, 1.5-3.4x faster (bench/RESULTS.md, "List-major search").
 
 Which one, and its settings, are values the caller passes (`Store.open(..., ivf=IvfSettings(...))`,
 `Engine.open(..., ivf=...)`, `qasc query --nprobe / --max-codes`); no module state picks a path. FAISS's own
 search replaced a batched torch scan of the lists (kernels.ivf_scan, removed): on an idle host, equal recall, the
 scan beat FAISS's best batched path (`faiss.contrib.big_batch_search` over IVFFlat) by only 1.1-1.5x, but the path
-usable on the store's SQ8 indexes (this `.search` + re-rank) is 1.65-4.1x slower than the scan was, so ivf stores
-above ~260k rows searched more slowly until the list-major path (bench/RESULTS.md, "IVF searchers on an idle host").
+usable on the store's SQ8 indexes was `.search` + re-rank, 1.65-4.1x slower than the scan, until the list-major
+path (1.2-2.7x slower than the scan's times, bench/RESULTS.md, "List-major search").
 """
 
 from __future__ import annotations
