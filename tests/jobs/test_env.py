@@ -53,7 +53,7 @@ def _make(target: str, tmp_path: Path, **env: str) -> dict:
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make on PATH")
 def test_make_test_runs_every_test_with_the_same_defaults(tmp_path):
     run = _make("test", tmp_path)
-    assert run["argv"] == ["-m", "pytest", "-q", "-p", "no:cacheprovider"]  # every marker: no -m
+    assert run["argv"] == ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=15"]  # every marker: no -m
     for key, value in {**ENV_DEFAULTS, "HF_HUB_OFFLINE": "1"}.items():
         assert run["env"].get(key) == value, key
     # the test suite runs Ray workers beside pytest on 2 cores: its OpenMP threads sleep at once
