@@ -254,11 +254,16 @@ def search(index, query_emb: np.ndarray, k: int, params=None) -> tuple[np.ndarra
         return np.zeros((0, k), np.float32), np.zeros((0, k), np.int64)
     kk = min(int(k), max(int(index.ntotal), 1))
     scores, rows = index.search(q, kk) if params is None else index.search(q, kk, params=params)
+    return padded_hits(scores, rows, int(k))
+
+
+def padded_hits(scores: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """FAISS's hits (Q, kk <= k) -> scores (Q, k) float32 (-inf where missing), rows (Q, k) int64 (-1 there)."""
     scores = scores.astype(np.float32, copy=False)
     rows = rows.astype(np.int64, copy=False)
-    if kk < k:  # pad to (Q, k)
-        scores = np.concatenate([scores, np.full((q.shape[0], k - kk), -np.inf, np.float32)], axis=1)
-        rows = np.concatenate([rows, np.full((q.shape[0], k - kk), -1, np.int64)], axis=1)
+    if rows.shape[1] < k:
+        scores = np.concatenate([scores, np.full((rows.shape[0], k - rows.shape[1]), -np.inf, np.float32)], axis=1)
+        rows = np.concatenate([rows, np.full((rows.shape[0], k - rows.shape[1]), -1, np.int64)], axis=1)
     scores[rows < 0] = -np.inf
     return scores, rows
 

@@ -120,11 +120,17 @@ def goes_list_major(index, params, n_queries: int) -> bool:
     LIST_MAJOR_MIN_VISITS queries per list on average."""
     if params is None or params.max_codes:
         return False
+    ivf = _inner_product_ivf(index)
+    return ivf is not None and n_queries * params.nprobe >= LIST_MAJOR_MIN_VISITS * ivf.nlist
+
+
+def _inner_product_ivf(index):
+    """The IVF,Flat or SQ index inside `index` when it scores by inner product (what the list-major search
+    takes), else None."""
     faiss = faiss_index._faiss()
     ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
-    return (isinstance(ivf, faiss.IndexIVFFlat | faiss.IndexIVFScalarQuantizer)
-            and ivf.metric_type == faiss.METRIC_INNER_PRODUCT
-            and n_queries * params.nprobe >= LIST_MAJOR_MIN_VISITS * ivf.nlist)
+    ok = isinstance(ivf, faiss.IndexIVFFlat | faiss.IndexIVFScalarQuantizer)
+    return ivf if ok and ivf.metric_type == faiss.METRIC_INNER_PRODUCT else None
 
 
 def list_major_search(index, queries: np.ndarray, k: int, nprobe: int) -> tuple[np.ndarray, np.ndarray]:
@@ -137,9 +143,8 @@ def list_major_search(index, queries: np.ndarray, k: int, nprobe: int) -> tuple[
     for the inner product (recall@8 0.137 on the store's SQ8 lists); here the centroid is added to the decoded
     residuals instead, <q, c + r>, so the scores are FAISS's own up to float rounding."""
     faiss = faiss_index._faiss()
-    ivf = faiss.downcast_index(faiss.extract_index_ivf(index))
-    if not isinstance(ivf, faiss.IndexIVFFlat | faiss.IndexIVFScalarQuantizer) or (
-            ivf.metric_type != faiss.METRIC_INNER_PRODUCT):
+    ivf = _inner_product_ivf(index)
+    if ivf is None:
         raise QascError("the list-major search takes an IVF,Flat or SQ index scored by inner product")
     from faiss.contrib.inspect_tools import get_invlist
 
@@ -165,12 +170,7 @@ def list_major_search(index, queries: np.ndarray, k: int, nprobe: int) -> tuple[
         scores, local = faiss.knn(queries[subset], vectors, min(kk, size), metric=faiss.METRIC_INNER_PRODUCT)
         heap.add_result_subset(subset, scores, ids[local])
     heap.finalize()
-    scores, rows = heap.D.astype(np.float32), heap.I.astype(np.int64)
-    if kk < k:  # pad to (Q, k)
-        scores = np.concatenate([scores, np.full((n_queries, k - kk), -np.inf, np.float32)], axis=1)
-        rows = np.concatenate([rows, np.full((n_queries, k - kk), -1, np.int64)], axis=1)
-    scores[rows < 0] = -np.inf
-    return scores, rows
+    return faiss_index.padded_hits(heap.D, heap.I, int(k))
 
 
 def store_searcher(kind: str, index, vectors: torch.Tensor, params: dict, settings: IvfSettings) -> Searcher:
