@@ -33,18 +33,21 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/qasc demo
 
+# pytest-xdist workers (2: the CI machine's cores; every Ray test in one of them, tests/conftest.py); pytest on
+# 2 cores took 8:25 in one process, 5:14 in two (docs/layout.md, "Development")
+TEST_WORKERS ?= 2
 # the test suite runs Ray workers beside pytest on 2 cores: OpenMP threads sleep at once (jobs/env.py); the 15
-# slowest tests are listed at the end (CI's log shows where the ~10 minutes go)
+# slowest tests are listed at the end (CI's log shows where the time goes)
 test: export OMP_WAIT_POLICY ?= PASSIVE
 test: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 # the edit loop (< 2 min on 2 cores): no model, no Ray (marker `slow` deselected), the kernel twins' property tests
 # at a quarter of their example budgets (KERNELS_HYPOTHESIS_SCALE); `make test` runs everything
 test-fast: export OMP_WAIT_POLICY ?= PASSIVE
 test-fast: export KERNELS_HYPOTHESIS_SCALE ?= 0.25
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider -m "not slow and not gpu"
+	$(PY) -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) --dist loadgroup -m "not slow and not gpu"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check engine kernels jobs tests bench

@@ -24,6 +24,19 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO_CORPUS = REPO / "engine" / "data" / "demo"
 CHROMA = Path(os.environ.get("QASC_CHROMA_DIR", REPO.parent / "shared" / "data" / "chroma_general"))
 
+# the modules that start Ray themselves (`ray start --head`, the README's Ray Data example in a subprocess)
+RAY_MODULES = {"test_ingest_ray.py", "test_ray_data.py", "test_ray_job_submit.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that uses Ray runs in one pytest-xdist worker (`make test` runs `-n 2 --dist loadgroup`): one Ray
+    instance per test session, never two clusters at once on 2 cores."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        if "ray_session" in getattr(item, "fixturenames", ()) or item.path.name in RAY_MODULES:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
 
 @pytest.fixture(scope="session")
 def embedder():

@@ -41,8 +41,8 @@ def _make(target: str, tmp_path: Path, **env: str) -> dict:
     probe = tmp_path / "probe.py"
     probe.write_text("import json, os, sys\nprint(json.dumps({'argv': sys.argv[1:], 'env': dict(os.environ)}))\n")
     clean = {k: v for k, v in os.environ.items()
-             if k not in {*ENV_DEFAULTS, "OMP_WAIT_POLICY", "KERNELS_HYPOTHESIS_SCALE", "HF_HUB_OFFLINE", "MAKEFLAGS",
-                          "MAKELEVEL", "VENV", "PY"}}
+             if k not in {*ENV_DEFAULTS, "OMP_WAIT_POLICY", "KERNELS_HYPOTHESIS_SCALE", "HF_HUB_OFFLINE",
+                          "TEST_WORKERS", "MAKEFLAGS", "MAKELEVEL", "VENV", "PY"}}
     done = subprocess.run(["make", "-s", "-C", str(REPO), "-o", ".venv/.installed", target, "VENV=.venv",
                            f"PY={sys.executable} {probe}"],
                           env={**clean, **env}, capture_output=True, text=True, timeout=60)
@@ -53,7 +53,8 @@ def _make(target: str, tmp_path: Path, **env: str) -> dict:
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make on PATH")
 def test_make_test_runs_every_test_with_the_same_defaults(tmp_path):
     run = _make("test", tmp_path)
-    assert run["argv"] == ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=15"]  # every marker: no -m
+    assert run["argv"] == ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+                           "--durations=15"]  # every marker: no -m
     for key, value in {**ENV_DEFAULTS, "HF_HUB_OFFLINE": "1"}.items():
         assert run["env"].get(key) == value, key
     # the test suite runs Ray workers beside pytest on 2 cores: its OpenMP threads sleep at once
@@ -64,7 +65,8 @@ def test_make_test_runs_every_test_with_the_same_defaults(tmp_path):
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make on PATH")
 def test_make_test_fast_deselects_slow_and_scales_the_property_tests(tmp_path):
     run = _make("test-fast", tmp_path)
-    assert run["argv"] == ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow and not gpu"]
+    assert run["argv"] == ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup", "-m",
+                           "not slow and not gpu"]
     assert run["env"].get("KERNELS_HYPOTHESIS_SCALE") == "0.25" and run["env"].get("OMP_WAIT_POLICY") == "PASSIVE"
     assert all(run["env"].get(key) == value for key, value in ENV_DEFAULTS.items())
 
@@ -72,6 +74,7 @@ def test_make_test_fast_deselects_slow_and_scales_the_property_tests(tmp_path):
 @pytest.mark.skipif(shutil.which("make") is None, reason="no make on PATH")
 def test_make_keeps_values_the_user_set(tmp_path):
     run = _make("test-fast", tmp_path, OMP_WAIT_POLICY="ACTIVE", KERNELS_HYPOTHESIS_SCALE="1",
-                TOKENIZERS_PARALLELISM="true")
+                TOKENIZERS_PARALLELISM="true", TEST_WORKERS="1")
+    assert run["argv"][run["argv"].index("-n") + 1] == "1"
     assert (run["env"]["OMP_WAIT_POLICY"], run["env"]["KERNELS_HYPOTHESIS_SCALE"],
             run["env"]["TOKENIZERS_PARALLELISM"]) == ("ACTIVE", "1", "true")

@@ -105,6 +105,13 @@ def test_batch_formats_ids_and_bad_batches(demo_store, cli_rows):
         QascQuery(str(demo_store), device="cpu", top_kk=3)
 
 
+def test_ray_tests_share_one_xdist_worker(request):
+    """tests/conftest.py: under `make test` (pytest-xdist) every Ray test runs in one worker, one Ray at a time."""
+    if not request.config.pluginmanager.hasplugin("xdist"):
+        pytest.skip("pytest-xdist not installed")
+    assert request.node.get_closest_marker("xdist_group").args == ("ray",)
+
+
 @pytest.mark.timeout(600)
 def test_readme_ray_data_example_runs(tmp_path):
     short = Path(tempfile.mkdtemp(prefix="qasc-rd-"))  # Ray's socket paths under TMPDIR must stay < 108 bytes
