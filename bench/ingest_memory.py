@@ -1,7 +1,7 @@
 """Ingest driver memory by phase (issue 14): where the local ingest's RSS goes, and its peak.
 
 `engine.store.ingest` runs in this process (the `--local` driver: it also embeds and builds the index) on a
-bench.scale synthetic corpus of N sentences, with bench.scale's TableEmbedder (the tiny model's word-embedding
+bench.synthetic corpus of N sentences, with bench.synthetic's TableEmbedder (the tiny model's word-embedding
 table, mean-pooled: the model's cost taken out), `--index ivf --dtype-store float16`. VmRSS is read at each phase
 boundary (embedder loaded, every 10th shard written, index training start/end, adding start/end, index written)
 and the peak is the process's VmHWM (tracemalloc does not see numpy, Arrow or faiss memory). The target is a
@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 from bench.common import REPO, emit_json, machine_info, print_table
-from bench.scale import GiB, TableEmbedder, corpus_dir, proc_status, tiny_model_path
+from bench.memory import GiB, proc_status
+from bench.synthetic import TableEmbedder, corpus_dir, tiny_model_path
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -54,8 +55,8 @@ def main(argv: list[str] | None = None) -> dict:
     model = tiny_model_path(args.work, args.seed)
     # corpus and model written (or found) by a child process, so that their memory is not this process's RSS
     work, n, seed = str(args.work), args.sentences, args.seed
-    subprocess.run([sys.executable, "-c", f"from pathlib import Path; from bench.scale import corpus_dir, tiny_model, "
-                    f"write_corpus; write_corpus(corpus_dir(Path({work!r}), {n}, {seed}), {n}, {seed}); "
+    subprocess.run([sys.executable, "-c", "from pathlib import Path; from bench.synthetic import corpus_dir, "
+                    f"tiny_model, write_corpus; write_corpus(corpus_dir(Path({work!r}), {n}, {seed}), {n}, {seed}); "
                     f"tiny_model(Path({work!r}), {seed})"], check=True, cwd=REPO)
     store = args.store or args.work / f"ingest-memory-{args.sentences}-s{args.seed}"
     shutil.rmtree(store, ignore_errors=True)

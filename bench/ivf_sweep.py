@@ -95,7 +95,7 @@ def hnsw_rows(store, queries, exact: np.ndarray, depth: int, args) -> list[dict]
 def main(argv=None) -> dict:
     import torch
 
-    from bench.scale import noisy_queries, spread
+    from bench.synthetic import noisy_queries, spread
     from qasc.engine.store import index as faiss_index
     from qasc.engine.store.reader import Store
     from qasc.engine.store.search import FaissSearcher, IvfSettings

@@ -72,7 +72,7 @@ def timed_alternately(fns: dict, repeats: int) -> dict[str, tuple[float, np.ndar
 def store_rows(path: str, n_queries: int, log) -> tuple[torch.Tensor, np.ndarray, object]:
     """A committed ivf store -> rows (N, D) float32, queries (n_queries, D) float32 (bench.scale's noisy copies of
     stored rows, as bench.ivf_sweep), the store (its `index`: the SQ8 index, lists mapped from the file)."""
-    from bench.scale import noisy_queries, spread
+    from bench.synthetic import noisy_queries, spread
     from qasc.engine.store.reader import Store
 
     t = time.perf_counter()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import CHROMA
@@ -86,30 +88,29 @@ def test_gpu_summary(tmp_path):
 
 
 def test_scale_helpers(tmp_path):
-    """bench.scale's parts: the corpus splits into the sentences asked for and is reused; blocked exact search ==
-    the store's exact search; recall@depth; noisy queries stay near their source."""
+    """bench.scale's parts: the corpus splits into the sentences asked for and is reused (bench.synthetic);
+    recall@depth; noisy queries stay near their source."""
     import numpy as np
     import torch
 
-    from bench import scale
+    from bench import scale, synthetic
     from qasc.engine.splitter import split_sentences
     from qasc.engine.store.index import exact_search
 
-    root = scale.corpus_dir(tmp_path, 700, 3)
-    info = scale.write_corpus(root, 700, 3)
+    root = synthetic.corpus_dir(tmp_path, 700, 3)
+    info = synthetic.write_corpus(root, 700, 3)
     files = sorted((root / "docs").rglob("*.md"))
     docs = [split_sentences(f.read_text(), doc_id=f.stem) for f in files]
     assert len(files) == info["documents"] and abs(sum(len(d) for d in docs) - 700) <= 7
     assert max(len(d) for d in docs) <= 400 and len({t for d in docs for t in d.texts()}) > 600  # varied sentences
     assert any(int(d.section.max()) > 0 for d in docs) and any(int(d.paragraph.max()) > 2 for d in docs)
-    assert scale.write_corpus(root, 700, 3)["reused"] and not scale.write_corpus(root, 700, 4)["reused"]
+    assert synthetic.write_corpus(root, 700, 3)["reused"] and not synthetic.write_corpus(root, 700, 4)["reused"]
     emb = torch.nn.functional.normalize(torch.randn(500, 16, generator=torch.Generator().manual_seed(0)), dim=1)
-    q, src = scale.noisy_queries(emb, 30, 0.3, seed=1)
-    s, r = scale.blocked_exact_search(emb, q.numpy(), 7, block_elems=64)  # many blocks of 2 rows
-    s_ref, r_ref = exact_search(emb.numpy(), q.numpy(), 7)
-    assert np.array_equal(r, r_ref) and np.allclose(s, s_ref, atol=1e-6) and (r[:, 0] == src.numpy()).mean() > 0.9
-    assert scale.recall_at_depth(r, r_ref) == 1.0 and scale.recall_at_depth(r[:, ::-1], r_ref) == 1.0
-    assert scale.recall_at_depth(np.where(np.arange(7) < 2, r, -1), r_ref) == 2 / 7
+    q, src = synthetic.noisy_queries(emb, 30, 0.3, seed=1)
+    _, r = exact_search(emb.numpy(), q.numpy(), 7)
+    assert (r[:, 0] == src.numpy()).mean() > 0.9
+    assert scale.recall_at_depth(r, r) == 1.0 and scale.recall_at_depth(r[:, ::-1], r) == 1.0
+    assert scale.recall_at_depth(np.where(np.arange(7) < 2, r, -1), r) == 2 / 7
 
 
 def test_scale_table_embedder(tmp_path, tiny_model):
@@ -119,10 +120,10 @@ def test_scale_table_embedder(tmp_path, tiny_model):
     import torch
     from transformers import AutoModel
 
-    from bench import scale
+    from bench import scale, synthetic
     from qasc.engine.store.reader import Store
 
-    emb = scale.TableEmbedder(scale.Path(tiny_model))
+    emb = synthetic.TableEmbedder(Path(tiny_model))
     texts = ["A first sentence.", "Second, longer sentence with more words in it.", "A first sentence."]
     vecs = emb.encode(texts)
     table = AutoModel.from_pretrained(tiny_model).embeddings.word_embeddings.weight.detach()
@@ -130,8 +131,8 @@ def test_scale_table_embedder(tmp_path, tiny_model):
         ref = table[torch.tensor(emb.tokenizer(text)["input_ids"])].mean(0)
         assert np.allclose(v, (ref / ref.norm()).numpy(), atol=1e-5)
     assert np.array_equal(vecs[0], vecs[2]) and np.allclose(np.linalg.norm(vecs, axis=1), 1, atol=1e-5)
-    root = scale.corpus_dir(tmp_path, 500, 1)
-    scale.write_corpus(root, 500, 1)
+    root = synthetic.corpus_dir(tmp_path, 500, 1)
+    synthetic.write_corpus(root, 500, 1)
     scale.ingest_child({"corpus": str(root / "docs"), "store": str(tmp_path / "s"), "model": tiny_model,
                         "index": "ivf", "dtype_store": "float16"})
     store = Store.open(tmp_path / "s")
@@ -145,11 +146,11 @@ def test_scale_bench_tiny(tmp_path):
     check on the demo corpus; the JSON keys of issue 14 with sane values."""
     import shutil
 
-    from bench import scale
+    from bench import scale, synthetic
     from qasc.engine.chunker import __file__ as engine_file
 
     demo = tmp_path / "demo"
-    shutil.copytree(scale.Path(engine_file).parent / "data" / "demo", demo)
+    shutil.copytree(Path(engine_file).parent / "data" / "demo", demo)
     rec = scale.main(["--sentences", "600", "--queries", "60", "--exact-queries", "40", "--stream-queries", "100",
                       "--repeats", "1", "--work", str(tmp_path / "work"), "--quality-corpora", str(demo),
                       "--quality-queries", "10"])
@@ -162,7 +163,7 @@ def test_scale_bench_tiny(tmp_path):
     assert rec["quality"]["noisy_sentences"]["queries"] == 10 and 0 <= rec["quality"]["noisy_sentences"][
         "same_top_chunk"] <= 1
     # the corpus is reused (keyed by size and seed), the store re-ingested unless --reuse-store
-    again = scale.write_corpus(scale.corpus_dir(tmp_path / "work", 600, 0), 600, 0)
+    again = synthetic.write_corpus(synthetic.corpus_dir(tmp_path / "work", 600, 0), 600, 0)
     assert again["reused"] and again["documents"] == rec["corpus"]["documents"]
     # the same queries with a token budget: the budget fill appends passages / rows to every query's chunks
     budget = scale.main(["--sentences", "600", "--queries", "60", "--exact-queries", "40", "--stream-queries", "0",
