@@ -141,25 +141,3 @@ def chroma_sentences(n: int | None = None, seed: int = 0, corpora_dir: str | Pat
     if n is not None and n < len(texts):
         texts = random.Random(seed).sample(texts, n)
     return texts
-
-
-def _proc_status(key: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def peak_rss_growth(fn: Callable[[], object]) -> int:
-    """Bytes: how far the RSS high-water mark (VmHWM, reset via /proc/self/clear_refs) rises above the RSS before
-    fn() (Linux). Buffers above glibc's mmap threshold (<= 32 MiB) are fresh mappings, so large tensors count."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
-            fh.write("5")
-    except OSError:
-        fn()
-        return -1
-    before = _proc_status("VmRSS")
-    fn()
-    return max(0, _proc_status("VmHWM") - before)

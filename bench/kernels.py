@@ -22,7 +22,8 @@ import time
 
 import torch
 
-from bench.common import emit_json, machine_info, median, peak_rss_growth, print_table, time_repeats
+from bench.common import emit_json, machine_info, median, print_table, time_repeats
+from bench.memory import peak_rss_growth
 from qasc.kernels.params import QascParams
 
 # every field spelled out, so that the fixed settings do not move when QascParams' defaults do

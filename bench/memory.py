@@ -1,5 +1,6 @@
-"""Process memory for the benchmarks: /proc/self/status fields, an RSS high-water mark over a block, and a child
-process run with its wall time and peak RSS (bench.scale, bench.ingest_memory). Sizes in GiB are 2^30 bytes."""
+"""Process memory for the benchmarks: /proc/self/status fields, an RSS high-water mark over a block (or a call,
+bench.kernels), and a child process run with its wall time and peak RSS (bench.scale, bench.ingest_memory). Sizes
+in GiB are 2^30 bytes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench.common import REPO
@@ -25,6 +27,20 @@ def proc_status(key: str) -> int:
     except OSError:
         pass
     return 0
+
+
+def peak_rss_growth(fn: Callable[[], object]) -> int:
+    """Bytes: how far the RSS high-water mark (VmHWM, reset via /proc/self/clear_refs) rises above the RSS before
+    fn() (Linux). Buffers above glibc's mmap threshold (<= 32 MiB) are fresh mappings, so large tensors count."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
+            fh.write("5")
+    except OSError:
+        fn()
+        return -1
+    before = proc_status("VmRSS")
+    fn()
+    return max(0, proc_status("VmHWM") - before)
 
 
 class PeakRss:

@@ -10,8 +10,9 @@ Phases (each timed; the JSON line lists them under `phase_s`):
   exact    a child process: Engine.query_batches (search + QASC + assembly) on --exact-queries noisy copies of
            stored vectors, exact search; its hits at the engine's depth are the ground truth for recall;
   ivf      a child process: the same on --queries queries through the store's IVF index (q/s, recall@depth vs
-           exact, peak RSS; FAISS searches the index, engine.store.search), then --stream-queries queries'
-           results streamed to Parquet (RSS growth);
+           exact, peak RSS and, after the runs, RSS split into anonymous and file-backed (the mapped index's
+           pages); FAISS searches the index, engine.store.search), then --stream-queries queries' results
+           streamed to Parquet (RSS growth);
   quality  real MiniLM (the default model) on a chroma_general store with an IVF index: share of queries whose
            top chunk is the same through IVF and exact search (skipped without ../shared).
 Sizes in GiB (2^30 bytes). Targets (issue 14): IVF >= 2,000 q/s at 1M sentences, recall@depth >= 0.95, query peak
@@ -284,6 +285,8 @@ def main(argv=None) -> dict:
         "query_per_s_ivf": iv["query_per_s"],
         "ivf_recall_at_depth": recall,
         "peak_rss_gb": iv["peak_rss_gb"],
+        "rss_anon_gb": iv["rss_anon_gb"],  # after the timed ivf runs: anonymous memory ...
+        "rss_file_gb": iv["rss_file_gb"],  # ... and mapped file pages (the index's lists), reclaimable
         "rss_growth_100k_queries_gb": growth_100k,
         "rss_growth_stream_gb": growth,
         "rss_growth_100k_method": iv.get("rss_growth_100k_method"),  # measured | slope (n/4 -> n) | linear
@@ -322,7 +325,9 @@ def main(argv=None) -> dict:
          "peak RSS GiB": ex["peak_rss_gb"], "note": f"depth {ex['depth']}, {ex['api']}"},
         {"phase": "query ivf", "queries": iv["queries"], "rate/s": iv["query_per_s"],
          "seconds": median(iv["times_s"]),
-         "peak RSS GiB": iv["peak_rss_gb"], "note": f"recall@{iv['depth']} {recall:.4f}, nprobe {iv['nprobe']}"},
+         "peak RSS GiB": iv["peak_rss_gb"],
+         "note": f"recall@{iv['depth']} {recall:.4f}, nprobe {iv['nprobe']}; after the runs RSS "
+                 f"{iv['rss_anon_gb']:.2f} anonymous + {iv['rss_file_gb']:.2f} file-backed GiB"},
         {"phase": "stream parquet", "queries": args.stream_queries,
          "rate/s": args.stream_queries / iv["stream_s"] if args.stream_queries else float("nan"),
          "seconds": iv.get("stream_s", float("nan")), "peak RSS GiB": iv.get("stream_rss_peak_gb", float("nan")),

@@ -102,8 +102,11 @@ def query_child(spec: dict) -> dict:
         t0 = time.perf_counter()
         rows = answer(engine, queries, spec["slice"], texts)
         times.append(time.perf_counter() - t0)
+    # the resident memory after the timed runs, split: anonymous (the store's vectors, the engine's tables, the
+    # lexical index) and file-backed (pages of mapped files: the FAISS index's lists, read where probed)
     out.update(queries=len(queries), times_s=times, rows=rows, query_per_s=len(queries) / median(times),
-               peak_rss_gb=proc_status("VmHWM") / GiB)
+               peak_rss_gb=proc_status("VmHWM") / GiB, rss_anon_gb=proc_status("RssAnon") / GiB,
+               rss_file_gb=proc_status("RssFile") / GiB)
     if spec["stream"]:
         stream_q, stream_src = noisy_queries(engine.embeddings, spec["stream"], spec["noise"], spec["seed"] + 1, scale)
         st = source_texts(engine, stream_src) if texts is not None else None
