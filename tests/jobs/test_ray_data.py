@@ -15,6 +15,7 @@ import pytest
 
 from qasc.engine.errors import QascError
 from qasc.jobs.results import RESULT_COLUMNS, results_schema
+from tests.conftest import RAY_MODULES
 from tests.engine.test_integrations import run_readme_example
 from tests.engine.test_query import QUESTIONS
 
@@ -110,6 +111,11 @@ def test_ray_tests_share_one_xdist_worker(request):
     if not request.config.pluginmanager.hasplugin("xdist"):
         pytest.skip("pytest-xdist not installed")
     assert request.node.get_closest_marker("xdist_group").args == ("ray",)
+    items = request.session.items  # every collected test (each worker collects them all)
+    with_ray = [item for item in items if "ray_session" in item.fixturenames]  # the fixture's users, in any module
+    assert all(item.get_closest_marker("xdist_group").args == ("ray",) for item in with_ray)
+    others = [item for item in items if item not in with_ray and item.path.name not in RAY_MODULES]
+    assert all(item.get_closest_marker("xdist_group") is None for item in others)  # spread over the workers
 
 
 @pytest.mark.timeout(600)
