@@ -22,6 +22,7 @@ from qasc.engine.assemble import RowTable
 from qasc.engine.cpu import cpu_has_int8_dot, cpu_has_native_bf16
 from qasc.engine.errors import QascError
 from qasc.engine.fill import PassageTier
+from qasc.engine.heap import trim_heap
 from qasc.engine.lexical import LexicalIndex
 from qasc.engine.types import Sentences
 from qasc.kernels.context import int8_heading_table
@@ -50,13 +51,15 @@ def store_vectors(store, device: torch.device) -> torch.Tensor:
 
 def table(method):
     """The one caching rule: a table of the store (and of its arguments) is built on first use and kept for the
-    engine's life, in the instance's `_tables` under (method name, arguments)."""
+    engine's life, in the instance's `_tables` under (method name, arguments); the build's freed temporaries are
+    handed back to the system (engine.heap)."""
 
     @functools.wraps(method)
     def cached(self, *args):
         key = (method.__name__, *args)
         if key not in self._tables:
             self._tables[key] = method(self, *args)
+            trim_heap()
         return self._tables[key]
 
     return cached

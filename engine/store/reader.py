@@ -22,6 +22,7 @@ import torch
 
 from qasc.engine.config import EngineConfig
 from qasc.engine.errors import QascError, first_line
+from qasc.engine.heap import trim_heap
 from qasc.engine.lexical import TermCounts
 from qasc.engine.passages import Passages
 from qasc.engine.store import index as faiss_index
@@ -280,6 +281,7 @@ class Store:
             sources.extend(s)
             row += rows
         pa.default_memory_pool().release_unused()  # the shards' Arrow buffers, else kept by the allocator
+        trim_heap()  # and the pages malloc keeps of the shards' other temporaries (engine.heap)
         if len(docs) != manifest["counts"]["documents"]:
             raise QascError(f"{root}: {len(docs)} documents / {row} sentences, the manifest says "
                             f"{manifest['counts']['documents']} / {n}")
