@@ -35,7 +35,8 @@ def open_engine(store_dir: Path, exact: bool, nprobe: int | None = None):
 def source_texts(engine, sources) -> list[str]:
     """sources (Q,) int64 store rows -> each row's sentence text: the question text of a query made from it."""
     out = []  # the engine's own per-row arrays: each row's document and that document's first row
-    for r, d, first in zip(sources.tolist(), engine.doc_of_row[sources].tolist(), engine.doc_first[sources].tolist(),
+    tables = engine.tables
+    for r, d, first in zip(sources.tolist(), tables.doc_of_row[sources].tolist(), tables.doc_first[sources].tolist(),
                            strict=True):
         doc = engine.store.docs[d]
         out.append(doc.text[int(doc.char_start[r - first]) : int(doc.char_end[r - first])])
@@ -88,7 +89,7 @@ def query_child(spec: dict) -> dict:
         (queries * src_vec / src_vec.norm(dim=1, keepdim=True)).sum(1).mean()))
     del src_vec  # (Q, dim) float32: not part of the engine's memory
     t0 = time.perf_counter()
-    hits = engine.search(queries, depth).cpu().numpy()
+    hits = engine.retrieval.search(queries, depth).cpu().numpy()
     out["search_s"] = time.perf_counter() - t0
     out["search_per_s"] = len(queries) / max(out["search_s"], 1e-9)
     np.save(spec["hits"], hits)

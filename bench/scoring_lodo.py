@@ -75,7 +75,7 @@ def simple_retrievers(engine, qemb, ds, ks=range(1, 11)) -> dict[str, np.ndarray
     table = engine.row_table
     emb = engine.embeddings.float()
     sims = torch.as_tensor(qemb) @ emb.T  # (Q, N)
-    index = engine.lexical_index()
+    index = engine.tables.lexical_index()
     ptr, terms, _ = index.query_terms([q.text for q in ds.questions])
     bm25 = index.dense_scores(ptr, terms)  # (Q, N)
     bm25_ctx = headed_bm25(engine, [q.text for q in ds.questions])
@@ -108,7 +108,7 @@ def headed_bm25(engine, questions):
     one) -> (Q, N) scores."""
     from qasc.engine.lexical import LexicalIndex
 
-    table, headings = engine.row_table, engine.heading_tensors()
+    table, headings = engine.row_table, engine.tables.heading_tensors()
     paths = list(getattr(engine.store, "heading_paths", []))
     row_heading = headings[1].tolist() if headings is not None else [-1] * engine.n_total
     texts = [(paths[h] + " " if h >= 0 else "") + table.texts[int(table.doc[r])][table.char_start[r]:table.char_end[r]]

@@ -26,9 +26,9 @@ from qasc.engine.config import EngineConfig, RetrievalConfig
 from qasc.engine.embedder import Embedder
 from qasc.engine.errors import QascError
 from qasc.engine.fill import fill_columns
-from qasc.engine.retrieval import CONTEXT_PATH_ROWS, CONTEXT_PATHS, CONTEXT_POOL, FILL_ROWS, Retrieval  # noqa: F401
-from qasc.engine.signals import HeadingGate, LexicalTerm  # noqa: F401  (the engine's API)
-from qasc.engine.tables import BLOCK_ROWS_MAX, STATS_BLOCK_ROWS, store_vectors  # noqa: F401
+from qasc.engine.retrieval import CONTEXT_PATH_ROWS, CONTEXT_PATHS, CONTEXT_POOL, FILL_ROWS, Retrieval, StoreSearch  # noqa: F401, E501
+from qasc.engine.signals import HeadingGate, LexicalTerm, RowSignals  # noqa: F401  (the engine's API)
+from qasc.engine.tables import BLOCK_ROWS_MAX, STATS_BLOCK_ROWS, StoreTables, store_vectors  # noqa: F401
 from qasc.engine.threads import ThreadGovernor
 from qasc.engine.types import Chunk, check_query_list
 from qasc.kernels.candidates import CandidateRows, candidate_rows
@@ -70,19 +70,50 @@ def search_block_end(lo: int, n: int, block: int) -> int:
     return n if n - end < SEARCH_TAIL_SHARE * block else end
 
 
-class Engine(Retrieval):
+class Engine:
     """A store opened for querying, with one loaded embedding model: `Engine.open(store).query(questions)`.
 
-    Its parts, one concern a module: the store's tables (engine.tables.StoreTables), the rows' signals for the
-    scoring model (engine.signals.RowSignals), the search and the heading context's rerank
-    (engine.retrieval.Retrieval); here the batch (`run_batch`), the slice loop (`query_columns`) and the entry
-    points."""
+    Its parts, one concern a module, held (not inherited): `tables`, the store's tables
+    (engine.tables.StoreTables); `signals`, the rows' signals for the scoring model (engine.signals.RowSignals,
+    holding the tables); `retrieval`, the search and the heading context's rerank (engine.retrieval.Retrieval,
+    holding the signals and a searcher: the store's own, `StoreSearch`, unless one is handed in); here the batch
+    (`run_batch`), the slice loop (`query_columns`) and the entry points."""
 
-    def __init__(self, store, embedder: Embedder, config: EngineConfig, device: torch.device) -> None:
-        super().__init__(store, device)
+    def __init__(self, store, embedder: Embedder, config: EngineConfig, device: torch.device,
+                 searcher=None) -> None:
+        self.tables = StoreTables(store, device)
+        self.signals = RowSignals(self.tables)
+        self.retrieval = Retrieval(self.signals, searcher if searcher is not None else StoreSearch(store, device))
         self.embedder = embedder
         self.config = config
 
+    @property
+    def store(self):
+        return self.tables.store
+
+    @property
+    def device(self) -> torch.device:
+        return self.tables.device
+
+    @property
+    def n_total(self) -> int:
+        return self.tables.n_total
+
+    @property
+    def embeddings(self) -> torch.Tensor:
+        return self.tables.embeddings
+
+    @property
+    def row_table(self):
+        return self.tables.row_table
+
+    @property
+    def row_tokens(self) -> np.ndarray:
+        return self.tables.row_tokens
+
+    @property
+    def row_sections(self) -> np.ndarray:
+        return self.tables.row_sections
 
     @classmethod
     def open(cls, store_dir: str, config: EngineConfig | None = None, device: str = "auto",
@@ -130,30 +161,30 @@ class Engine(Retrieval):
         `pool_width`) when done already (query_columns searches several slices at once). questions (Q): the
         queries' texts, for the gated lexical term when params.lexical_weight > 0 (left out without them)."""
         depth = min(retrieval.depth, max(self.n_total, 1))
-        lexical = self.lexical_term(params, questions, query_emb.shape[0])
+        lexical = self.signals.lexical_term(params, questions, query_emb.shape[0])
         gate = None
-        if self.uses_context(params):
-            hits, gate = self.context_hits(query_emb, depth, params.scoring, pool, lexical)
+        if self.signals.uses_context(params):
+            hits, gate = self.retrieval.context_hits(query_emb, depth, params.scoring, pool, lexical)
         else:
-            hits = self.search(query_emb, depth) if pool is None else pool[:, :depth]
-        first, last = self.block_bounds(params.block_kinds, params.max_tokens) or (None, None)
-        cand = candidate_rows(hits, self.doc_first, self.doc_last, retrieval.neighbourhood, self.n_total,
+            hits = self.retrieval.search(query_emb, depth) if pool is None else pool[:, :depth]
+        first, last = self.tables.block_bounds(params.block_kinds, params.max_tokens) or (None, None)
+        cand = candidate_rows(hits, self.tables.doc_first, self.tables.doc_last, retrieval.neighbourhood, self.n_total,
                               first, last, BLOCK_ROWS_MAX)
         rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
         query = query_emb.to(device=self.device, dtype=torch.float32)
-        scored = self.score_rows(query, rows, cand.valid, params.scoring, gate, lexical)
+        scored = self.signals.score_rows(query, rows, cand.valid, params.scoring, gate, lexical)
         sims, boost = scored.plain, (scored.boost if gate is not None else None)
-        dots = self.neighbour_dots(params.max_extent)[rows]  # (Q, L, W)
+        dots = self.tables.neighbour_dots(params.max_extent)[rows]  # (Q, L, W)
         blocks = {}
         for kind in params.block_kinds:
-            sizes, norms = self.block_stats(kind)
+            sizes, norms = self.tables.block_stats(kind)
             sizes = sizes[rows].long()
             if kind == "section":  # a title's text is a document, not a section: no whole-block candidate
-                sizes = torch.where(self.titled_rows()[rows], torch.zeros_like(sizes), sizes)
+                sizes = torch.where(self.tables.titled_rows()[rows], torch.zeros_like(sizes), sizes)
             blocks[kind] = (sizes, norms[rows])
         batch = run_qasc(
-            sims, cand.valid, cand.region, self.paragraph[rows].long(), self.section[rows].long(),
-            self.n_tokens[rows].long(), params, dots=dots, blocks=blocks, boost=boost,
+            sims, cand.valid, cand.region, self.tables.paragraph[rows].long(), self.tables.section[rows].long(),
+            self.tables.n_tokens[rows].long(), params, dots=dots, blocks=blocks, boost=boost,
         )
         return batch, cand
 
@@ -202,20 +233,22 @@ class Engine(Retrieval):
                     continue
                 if lo >= block_hi:  # one search for the next slices (a block of queries)
                     block_lo, block_hi = lo, search_block_end(lo, n, block)
-                    pool = self.search(query_emb[block_lo:block_hi], self.pool_width(params, retrieval))
+                    width = self.retrieval.pool_width(params, retrieval)
+                    pool = self.retrieval.search(query_emb[block_lo:block_hi], width)
                     governor.step()
                 parts = []
                 for a in range(lo, hi, step):  # kernels and assembly a bounded block of queries at a time
                     b = min(a + step, hi)
                     texts = None if questions is None else questions[a:b]
                     fill = params.budget_fill and (params.budget_tokens is not None or fill_units is not None) and (
-                        self.passage_tier() is not None)  # passages load only for a fill (+0.4-0.5 GiB at 1M)
+                        self.tables.passage_tier() is not None)  # passages load only for a fill (+0.4-0.5 GiB at 1M)
                     batch, cand = self.run_batch(query_emb[a:b], params, retrieval,
                                                  pool[a - block_lo : b - block_lo], texts)
                     rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
                     cols = assemble_columns(batch, rows, table)
                     if fill:
-                        units = self.fill_units(query_emb[a:b], params, texts, pool[a - block_lo : b - block_lo])
+                        units = self.retrieval.fill_units(query_emb[a:b], params, texts,
+                                                          pool[a - block_lo : b - block_lo])
                         if fill_units is not None:
                             fill_units.extend(units)
                         if params.budget_tokens is not None:

@@ -29,10 +29,14 @@ CONTEXT_PATH_ROWS = 512  # ... at most this many rows of each (its first, in sto
 LEXICAL_RERANK_ROWS = 32  # the rerank's lexical term: each query's this many (at least depth) best rows by the rest
 
 
-class Retrieval(RowSignals):
-    """A store's tables and signals plus its search and the heading context's rerank."""
+class StoreSearch:
+    """A store's own search: `StoreSearch(store, device)(query_emb, depth)`."""
 
-    def search(self, query_emb: torch.Tensor, depth: int) -> torch.Tensor:
+    def __init__(self, store, device: torch.device) -> None:
+        self.store = store
+        self.device = device
+
+    def __call__(self, query_emb: torch.Tensor, depth: int) -> torch.Tensor:
         """query_emb (Q, dim) -> hits (Q, depth) int64 global rows (-1 where the store has fewer).
 
         Stores with `search_tensor` (engine.store.Store) search on their own vectors' device (exact, blocked)
@@ -43,10 +47,25 @@ class Retrieval(RowSignals):
         _, rows = self.store.search(query_emb.float().cpu().numpy(), depth)
         return torch.as_tensor(rows, dtype=torch.long, device=self.device)
 
+
+class Retrieval:
+    """The search and the heading context's rerank over the rows' signals it holds: `Retrieval(signals,
+    searcher)`; searcher(query_emb (Q, dim), depth) -> hits (Q, depth) int64 global rows, -1 where fewer
+    (`StoreSearch`: the store's own)."""
+
+    def __init__(self, signals: RowSignals, searcher) -> None:
+        self.signals = signals
+        self.tables = signals.tables
+        self.searcher = searcher
+
+    def search(self, query_emb: torch.Tensor, depth: int) -> torch.Tensor:
+        """query_emb (Q, dim) -> hits (Q, depth) int64 global rows (-1 where the store has fewer)."""
+        return self.searcher(query_emb, depth)
+
     def pool_width(self, params: QascParams, retrieval: RetrievalConfig) -> int:
         """The rows one search returns per query for `run_batch`: the depth, or the heading context's pool."""
-        depth = min(retrieval.depth, max(self.n_total, 1))
-        return min(max(depth, CONTEXT_POOL), self.n_total) if self.uses_context(params) else depth
+        depth = min(retrieval.depth, max(self.tables.n_total, 1))
+        return min(max(depth, CONTEXT_POOL), self.tables.n_total) if self.signals.uses_context(params) else depth
 
     def context_hits(
         self, query_emb: torch.Tensor, depth: int, model: ScoringModel, pool: torch.Tensor | None = None,
@@ -59,18 +78,18 @@ class Retrieval(RowSignals):
         row first). pool: that search's result when already done (`pool_width` rows per query). lexical: the
         batch's lexical signal (`lexical_term`). scores_out: a list that gets the hits' scores (Q, depth) float32
         appended (-inf where a hit is missing)."""
-        _, row_heading, path_start, path_count, path_rows = self.heading_tensors()
-        query = query_emb.to(device=self.device, dtype=torch.float32)
-        q, n = query.shape[0], self.n_total
+        _, row_heading, path_start, path_count, path_rows = self.tables.heading_tensors()
+        query = query_emb.to(device=self.tables.device, dtype=torch.float32)
+        q, n = query.shape[0], self.tables.n_total
         if pool is None:
             pool = self.search(query_emb, min(max(depth, CONTEXT_POOL), n))  # (Q, M) by raw cosine
         pool_valid = pool >= 0
         pool = pool.clamp(min=0)
         g = min(CONTEXT_POOL, pool.shape[1])
         gate_path = torch.where(pool_valid[:, :g], row_heading[pool[:, :g]], torch.full_like(pool[:, :g], -1))
-        gate = HeadingGate(*heading_gate(self.heading_sims(query, gate_path), gate_path, pool_valid[:, :g]))
-        heading_emb = self.heading_tensors()[0]
-        low, low_scale = self.heading_low()
+        gate = HeadingGate(*heading_gate(self.signals.heading_sims(query, gate_path), gate_path, pool_valid[:, :g]))
+        heading_emb = self.tables.heading_tensors()[0]
+        low, low_scale = self.tables.heading_low()
         best = best_paths(query, heading_emb, CONTEXT_PATHS, low, low_scale=low_scale)[1]  # (Q, J)
         extra, extra_valid = packed_path_rows(best, path_start, path_count.clamp(max=CONTEXT_PATH_ROWS), path_rows)
         rows = torch.cat([pool, extra], dim=1)
@@ -79,7 +98,7 @@ class Retrieval(RowSignals):
         valid = key < n
         valid[:, 1:] &= key[:, 1:] != key[:, :-1]  # a pool row under a best path counts once
         rows = key.clamp(max=n - 1)
-        score = self.score_rows(query, rows, valid, model, gate, lexical, max(LEXICAL_RERANK_ROWS, depth)).total
+        score = self.signals.score_rows(query, rows, valid, model, gate, lexical, max(LEXICAL_RERANK_ROWS, depth)).total
         score = torch.where(valid, score, torch.full_like(score, float("-inf")))
         order = score.sort(dim=1, descending=True, stable=True).indices[:, :depth]
         hits = torch.where(valid.gather(1, order), rows.gather(1, order), torch.full_like(order, -1))
@@ -98,18 +117,18 @@ class Retrieval(RowSignals):
         depth and neighbourhood: rows (Q, FILL_ROWS) int64 (-1: none) and their scores (Q, FILL_ROWS) float32 (the
         pre-retrieval ranking's: the scoring model's plain score + heading boost). pool: the block's search hits
         when they are at least FILL_ROWS wide."""
-        k = min(FILL_ROWS, self.n_total)
-        lexical = self.lexical_term(params, questions, query_emb.shape[0])
-        if self.uses_context(params):
+        k = min(FILL_ROWS, self.tables.n_total)
+        lexical = self.signals.lexical_term(params, questions, query_emb.shape[0])
+        if self.signals.uses_context(params):
             scores: list = []
-            use = pool if pool is not None and pool.shape[1] >= max(k, min(CONTEXT_POOL, self.n_total)) else None
+            use = pool if pool is not None and pool.shape[1] >= max(k, min(CONTEXT_POOL, self.tables.n_total)) else None
             rows, _ = self.context_hits(query_emb, k, params.scoring, use, lexical, scores)
             return rows, scores[0]
         rows = pool[:, :k] if pool is not None and pool.shape[1] >= k else self.search(query_emb, k)
         valid = rows >= 0
         safe = rows.clamp(min=0)
-        query = query_emb.to(device=self.device, dtype=torch.float32)
-        score = self.score_rows(query, safe, valid, params.scoring, None, lexical).total
+        query = query_emb.to(device=self.tables.device, dtype=torch.float32)
+        score = self.signals.score_rows(query, safe, valid, params.scoring, None, lexical).total
         score = torch.where(valid, score, torch.full_like(score, float("-inf")))
         order = score.sort(dim=1, descending=True, stable=True).indices
         return rows.gather(1, order), score.gather(1, order)
@@ -119,9 +138,9 @@ class Retrieval(RowSignals):
         """A block's queries (Q, dim) -> per query, the units the budget fill draws on, best first
         (`engine.fill.merge_units`): the store's passages, ranked (`PassageTier.rank`), and the FILL_ROWS best
         single rows (`fill_rows`), all scored by the same model."""
-        tier = self.passage_tier()
-        heading_emb = self.heading_tensors()[0] if self.uses_context(params) else None
-        query = query_emb.to(device=self.device, dtype=torch.float32)
+        tier = self.tables.passage_tier()
+        heading_emb = self.tables.heading_tensors()[0] if self.signals.uses_context(params) else None
+        query = query_emb.to(device=self.tables.device, dtype=torch.float32)
         ids, scores = tier.rank(query, params, questions, heading_emb)
         rows, row_score = self.fill_rows(query, params, pool, questions)
         return merge_units(tier, ids, scores, rows.clamp(min=0), rows >= 0, row_score)

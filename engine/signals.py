@@ -35,45 +35,48 @@ class HeadingGate(NamedTuple):
     cref: torch.Tensor
 
 
-class RowSignals(StoreTables):
-    """A store's tables plus the per-batch signals of its rows (`score_rows`)."""
+class RowSignals:
+    """The per-batch signals of a store's rows (`score_rows`), read from the tables it holds: `RowSignals(tables)`."""
+
+    def __init__(self, tables: StoreTables) -> None:
+        self.tables = tables
 
     def candidate_sims(self, query_emb: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """query_emb (Q, dim), rows/valid (Q, L) -> sims (Q, L) float32 (0 where invalid).
 
         Only the valid entries' vectors are gathered (padding costs nothing), GATHER_BLOCK_ELEMENTS floats at a
         time, in the store's dtype and then cast to float32, so memory stays bounded whatever Q is."""
-        query = query_emb.to(device=self.device, dtype=torch.float32)
-        return gathered_dots(self.embeddings, query, rows, valid)
+        query = query_emb.to(device=self.tables.device, dtype=torch.float32)
+        return gathered_dots(self.tables.embeddings, query, rows, valid)
 
     def heading_sims(self, query: torch.Tensor, path: torch.Tensor) -> torch.Tensor:
         """query (Q, dim) float32, path (Q, L) int64 (-1: none) -> c (Q, L) float32, cosine of the query and
         the path's embedding (0 where path < 0). A query's candidates come in runs under one path (rows in store
         order), so each run's path is scored once (`segment_first`) and the score spread over the run."""
         seg, first_path = segment_first(path)
-        c = gathered_dots(self.heading_tensors()[0], query, first_path.clamp(min=0), first_path >= 0)
+        c = gathered_dots(self.tables.heading_tensors()[0], query, first_path.clamp(min=0), first_path >= 0)
         return torch.where(path >= 0, c.gather(1, seg), torch.zeros(path.shape, device=c.device))
 
     def uses_context(self, params: QascParams) -> bool:
-        return params.context_weight > 0 and self.n_total > 0 and self.heading_tensors() is not None
+        return params.context_weight > 0 and self.tables.n_total > 0 and self.tables.heading_tensors() is not None
 
     def lexical_term(self, params: QascParams, questions: Sequence[str] | None, n: int) -> LexicalTerm | None:
         """The lexical signal of a batch of n queries: None when params.lexical_weight is 0, the store is empty or
         the questions' texts are not given (queries as vectors only: there are no words to match); QascError when
         their count is not n."""
-        if params.lexical_weight <= 0 or self.n_total == 0 or questions is None:
+        if params.lexical_weight <= 0 or self.tables.n_total == 0 or questions is None:
             return None
         if len(questions) != n:
             raise QascError(f"{len(questions)} question texts for {n} query vectors")
-        return LexicalTerm(*self.lexical_index().query_terms(questions))
+        return LexicalTerm(*self.tables.lexical_index().query_terms(questions))
 
     def lexical_signal(self, term: LexicalTerm, rows: torch.Tensor, valid: torch.Tensor,
                        paths: torch.Tensor | None = None) -> torch.Tensor:
         """rows/valid (Q, L) -> (Q, L) float32 each row's BM25 / the most a row could score for its query. paths
         (Q, L) int64 the rows' heading paths (-1: none): the query terms a row's path holds do not count for it
         (kernels.lexical; None: every term counts)."""
-        index = self.lexical_index()
-        heads = self.heading_terms() if paths is not None else (None, None)
+        index = self.tables.lexical_index()
+        heads = self.tables.heading_terms() if paths is not None else (None, None)
         scores = lexical_scores(index.row_ptr, index.row_terms, index.row_weights, term.query_ptr,
                                 term.query_terms, index.vocab_size, rows, valid, paths, *heads)
         return normalised_lexical(scores, term.best)
@@ -89,8 +92,8 @@ class RowSignals(StoreTables):
         cos = self.candidate_sims(query, rows, valid)
         heading, path = {}, None
         if gate is not None:
-            path = torch.where(valid, self.heading_tensors()[1][rows], torch.full_like(rows, -1))
-            heading = {"c": self.heading_sims(query, path), "path": path, "hs": self.heading_row_dots()[rows],
+            path = torch.where(valid, self.tables.heading_tensors()[1][rows], torch.full_like(rows, -1))
+            heading = {"c": self.heading_sims(query, path), "path": path, "hs": self.tables.heading_row_dots()[rows],
                        "spread": gate.spread, "cref": gate.cref}
         lex = None
         if lexical is not None:

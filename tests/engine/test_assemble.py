@@ -182,8 +182,8 @@ def test_a_short_last_search_joins_the_one_before(synthetic_engine, monkeypatch)
     want = eng.query_embedded(q, slice_size=17)
     monkeypatch.setattr(query_mod, "SEARCH_BLOCK_QUERIES", 8)
     sizes: list[int] = []
-    search = eng.search
-    monkeypatch.setattr(eng, "search", lambda emb, depth: sizes.append(emb.shape[0]) or search(emb, depth))
+    search = eng.retrieval.search
+    monkeypatch.setattr(eng.retrieval, "search", lambda emb, depth: sizes.append(emb.shape[0]) or search(emb, depth))
     assert eng.query_embedded(q, slice_size=4) == want
     assert sizes == [8, 9]  # slices 0-3 and 4-7, then 8-11, 12-15 and the last query's: 1 < 0.25 x 8
 

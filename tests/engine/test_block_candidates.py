@@ -69,7 +69,7 @@ def test_a_section_longer_than_the_row_cap_is_not_brought(engine):
     long = _section_rows(engine, "long")
     assert len(long) > BLOCK_ROWS_MAX
     assert _candidates(engine, long[20], block_extents="section") == [long[20]]
-    first, last = engine.block_bounds(("section",), 512)
+    first, last = engine.tables.block_bounds(("section",), 512)
     treatment = _section_rows(engine, "treatment")
     assert first[treatment].tolist() == [treatment[0]] * 4 and last[treatment].tolist() == [treatment[-1]] * 4
     assert first[long].tolist() == long and last[long].tolist() == long

@@ -87,7 +87,7 @@ def test_the_named_heading_wins_by_default_and_not_without_context(policy_engine
 
 
 def test_store_without_headings_is_unchanged_by_the_weight(plain_engine):
-    assert plain_engine.heading_tensors() is None
+    assert plain_engine.tables.heading_tensors() is None
     params = plain_engine.config.qasc
     on = plain_engine.query(QUESTIONS, params)
     off = plain_engine.query(QUESTIONS, params.replace(context_weight=0.0))
@@ -99,11 +99,11 @@ def test_rerank_equals_dense_cos_plus_boost(policy_engine):
     eng = policy_engine
     q = torch.as_tensor(eng.embedder.encode(QUESTIONS))
     weight, depth = 12.0, 6
-    hits, (spread, cref) = eng.context_hits(q, depth, ScoringModel(weight, 0.0, 0.0))
-    hits_r = eng.context_hits(q, depth, ScoringModel(weight, 0.75, 0.0))[0]
+    hits, (spread, cref) = eng.retrieval.context_hits(q, depth, ScoringModel(weight, 0.0, 0.0))
+    hits_r = eng.retrieval.context_hits(q, depth, ScoringModel(weight, 0.75, 0.0))[0]
     emb = eng.embeddings
     cos = q @ emb.T  # (Q, N)
-    heading_emb, row_heading = eng.heading_tensors()[:2]
+    heading_emb, row_heading = eng.tables.heading_tensors()[:2]
     path = row_heading.expand_as(cos)
     c = torch.where(path >= 0, (q @ heading_emb.T).gather(1, path.clamp(min=0)), torch.zeros_like(cos))
     pool = cos.topk(min(32, eng.n_total), dim=1).indices
@@ -116,7 +116,7 @@ def test_rerank_equals_dense_cos_plus_boost(policy_engine):
     np.testing.assert_array_equal(hits.numpy(), order)
     # the heading residual: each row's cosine loses 0.75 * c * (h . s), h . s from the row's own path
     hs = torch.where(row_heading >= 0, (emb.float() * heading_emb[row_heading.clamp(min=0)]).sum(1), 0.0)
-    torch.testing.assert_close(eng.heading_row_dots(), hs)
+    torch.testing.assert_close(eng.tables.heading_row_dots(), hs)
     score = score - torch.where(path >= 0, 0.75 * c * hs[None, :], 0.0)
     order = np.lexsort((np.arange(eng.n_total)[None, :].repeat(len(q), 0), -score.numpy()), axis=1)[:, :depth]
     np.testing.assert_array_equal(hits_r.numpy(), order)
@@ -142,7 +142,7 @@ def test_weight_zero_is_todays_path(policy_engine, monkeypatch):
     """w = 0 never touches the heading code: the same hits as a plain FAISS search, the same sims."""
     eng = policy_engine
     params = eng.config.qasc.replace(context_weight=0.0)
-    monkeypatch.setattr(type(eng), "context_hits", lambda *a, **k: pytest.fail("context used with w = 0"))
+    monkeypatch.setattr(type(eng.retrieval), "context_hits", lambda *a, **k: pytest.fail("context used with w = 0"))
     batch, cand = eng.run_batch(torch.as_tensor(eng.embedder.encode(QUESTIONS)), params, RetrievalConfig())
     assert batch is not None and cand.rows.shape[0] == len(QUESTIONS)
 
@@ -168,19 +168,19 @@ def test_low_precision_heading_shortlist_gives_the_same_chunks(policy_engine, mo
     monkeypatch.setattr(query_module, "HEADING_SHORTLIST_MIN_PATHS", 0)
     monkeypatch.setattr(query_module, "cpu_has_int8_dot", lambda: kind == "int8")
     monkeypatch.setattr(query_module, "cpu_has_native_bf16", lambda: kind == "bf16")
-    policy_engine._tables.pop(("heading_low",), None)
+    policy_engine.tables._tables.pop(("heading_low",), None)
     try:
-        table, scale = policy_engine.heading_low()
+        table, scale = policy_engine.tables.heading_low()
         assert table.dtype == (torch.int8 if kind == "int8" else torch.bfloat16)
         assert (scale is not None) == (kind == "int8")
         fast = policy_engine.query(QUESTIONS, retrieval=WIDE)
     finally:
-        policy_engine._tables.pop(("heading_low",), None)
+        policy_engine.tables._tables.pop(("heading_low",), None)
     monkeypatch.setattr(query_module, "cpu_has_int8_dot", lambda: False)
     monkeypatch.setattr(query_module, "cpu_has_native_bf16", lambda: False)
-    assert policy_engine.heading_low() == (None, None)
+    assert policy_engine.tables.heading_low() == (None, None)
     exact = policy_engine.query(QUESTIONS, retrieval=WIDE)
-    policy_engine._tables.pop(("heading_low",), None)
+    policy_engine.tables._tables.pop(("heading_low",), None)
     assert [[(c.doc_id, c.char_start, c.char_end) for c in cs] for cs in fast] == \
         [[(c.doc_id, c.char_start, c.char_end) for c in cs] for cs in exact]
     assert all(a.score == pytest.approx(b.score, abs=1e-6) for x, y in zip(fast, exact, strict=True)

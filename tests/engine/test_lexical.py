@@ -120,7 +120,7 @@ def test_the_boost_is_alpha_bm25_over_best_on_every_candidate(plain_engine, monk
     _, cand2 = plain_engine.run_batch(emb, base.replace(lexical_weight=0.8), WIDE,
                                       questions=[QUESTION])
     assert torch.equal(cand.rows, cand2.rows) and len(seen) == 2
-    index = plain_engine.lexical_index()
+    index = plain_engine.tables.lexical_index()
     ptr, q_terms, best = index.query_terms([QUESTION])
     dense = index.dense_scores(ptr, q_terms)[0]
     rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))[0]
@@ -134,14 +134,14 @@ def test_the_boost_is_alpha_bm25_over_best_on_every_candidate(plain_engine, monk
 def test_the_signal_is_bm25_over_best_for_every_query(plain_engine) -> None:
     """The engine's lexical signal of any rows equals the sparse BM25 of those rows over each query's best."""
     base = _sentences(plain_engine.config.qasc)
-    term = plain_engine.lexical_term(base.replace(lexical_weight=0.8), [QUESTION, "purr", QUESTION], 3)
+    term = plain_engine.signals.lexical_term(base.replace(lexical_weight=0.8), [QUESTION, "purr", QUESTION], 3)
     rows = torch.arange(plain_engine.n_total).expand(3, -1)
     valid = torch.ones_like(rows, dtype=torch.bool)
     valid[2, ::2] = False
-    index = plain_engine.lexical_index()
+    index = plain_engine.tables.lexical_index()
     full = lexical_scores(index.row_ptr, index.row_terms, index.row_weights, term.query_ptr, term.query_terms,
                           index.vocab_size, rows, valid)
-    got = plain_engine.lexical_signal(term, rows, valid)
+    got = plain_engine.signals.lexical_signal(term, rows, valid)
     scale = torch.where(term.best > 0, 1 / term.best.clamp(min=1e-12), torch.zeros_like(term.best))
     torch.testing.assert_close(got, full * scale[:, None])
     assert float(got[0].max()) > 0 and float(got[2][::2].abs().sum()) == 0
@@ -174,11 +174,11 @@ def test_lexical_rows_scores_only_the_best_rows_by_the_other_signals(plain_engin
     rows = torch.arange(plain_engine.n_total).expand(3, -1).contiguous()
     valid = torch.ones_like(rows, dtype=torch.bool)
     valid[2, ::2] = False
-    term = plain_engine.lexical_term(QascParams(), questions, 3)
+    term = plain_engine.signals.lexical_term(QascParams(), questions, 3)
     model = ScoringModel()
-    full = plain_engine.score_rows(query, rows, valid, model, None, term).total
-    other = plain_engine.score_rows(query, rows, valid, model, None, None).total
-    got = plain_engine.score_rows(query, rows, valid, model, None, term, lexical_rows=k).total
+    full = plain_engine.signals.score_rows(query, rows, valid, model, None, term).total
+    other = plain_engine.signals.score_rows(query, rows, valid, model, None, None).total
+    got = plain_engine.signals.score_rows(query, rows, valid, model, None, term, lexical_rows=k).total
     masked = torch.where(valid, other, torch.full_like(other, float("-inf")))
     kth = masked.topk(min(k, rows.shape[1]), dim=1).values[:, -1:]
     best = valid & (masked >= kth) if k < rows.shape[1] else valid

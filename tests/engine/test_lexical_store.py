@@ -139,7 +139,7 @@ def _answers(root: Path, monkeypatch=None) -> tuple[list, LexicalIndex, LexicalI
     params = QascParams(lexical_weight=0.8, budget_tokens=60)
     chunks = engine.query(QUESTIONS, params)
     return ([[(c.doc_id, c.char_start, c.char_end, round(c.score, 6)) for c in q] for q in chunks],
-            engine.lexical_index(), engine.passage_tier().lexical())
+            engine.tables.lexical_index(), engine.tables.passage_tier().lexical())
 
 
 def test_the_engine_reads_the_counts_not_the_texts(saved_store, monkeypatch):

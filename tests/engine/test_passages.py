@@ -181,9 +181,9 @@ def test_passages_load_only_for_a_budget_fill(cat_store):
     q = ["How do cats communicate?"]
     engine.query(q)  # no budget
     engine.query(q, QascParams(budget_tokens=60, budget_fill=False))  # a budget without the fill
-    assert ("passage_tier",) not in engine._tables and engine.store._passages is None  # neither tier nor table
+    assert ("passage_tier",) not in engine.tables._tables and engine.store._passages is None  # neither tier nor table
     engine.query(q, QascParams(budget_tokens=60))
-    tier = engine._tables[("passage_tier",)]
+    tier = engine.tables._tables[("passage_tier",)]
     assert tier is not None and tier is not False and len(tier) == len(engine.store.passages.first)
     assert not isinstance(tier._texts, list)  # the texts are sliced for the lexical index, not held
     index = tier.lexical()
@@ -197,7 +197,7 @@ def test_a_store_without_passages_returns_the_chunks_alone(tmp_path, cat_store):
     assert len(store.passages.first) == 0 and "passage_tokens" not in store.manifest["splitter"]
     engine = Engine.open(str(tmp_path / "store"))
     q = ["How do cats communicate?"]
-    assert engine.passage_tier() is None
+    assert engine.tables.passage_tier() is None
     assert engine.query(q, QascParams(budget_tokens=60))[0] == engine.query(
         q, QascParams(budget_tokens=60, budget_fill=False))[0]
     with pytest.raises(QascError, match="passage_tokens"):  # appending with passages would mix the settings
@@ -312,7 +312,7 @@ def test_fill_units_take_rows_only_below_the_spread_gate(cat_store):
     from qasc.engine.fill import merge_units
 
     engine = Engine.open(str(cat_store))
-    tier = engine.passage_tier()
+    tier = engine.tables.passage_tier()
     q = engine.embed_queries(["How do cats communicate?", "Dogs?"])
     ids, scores = tier.rank(q, QascParams(), None, None)
     rows = torch.tensor([[0, 1, 2], [3, 4, 0]])

@@ -193,15 +193,15 @@ def test_float16_engine_answers_like_float32(monkeypatch):
     e16 = query.Engine(memory_store("float16"), None, EngineConfig(), torch.device("cpu"))
     assert e16.embeddings.dtype == torch.float16 and e32.embeddings.dtype == torch.float32
     full = e16.embeddings.float()
-    torch.testing.assert_close(e16.neighbour_dots(5), neighbour_dots(full, 5), atol=1e-6, rtol=0)
-    torch.testing.assert_close(e16.neighbour_dots(5), e32.neighbour_dots(5), atol=2e-3, rtol=0)
+    torch.testing.assert_close(e16.tables.neighbour_dots(5), neighbour_dots(full, 5), atol=1e-6, rtol=0)
+    torch.testing.assert_close(e16.tables.neighbour_dots(5), e32.tables.neighbour_dots(5), atol=2e-3, rtol=0)
     for kind in ("paragraph", "section"):
-        ids = e16.paragraph if kind == "paragraph" else e16.section
-        want = block_stats(full, e16.doc_of_row.long() * (int(ids.max()) + 1) + ids)
-        got = e16.block_stats(kind)
+        ids = e16.tables.paragraph if kind == "paragraph" else e16.tables.section
+        want = block_stats(full, e16.tables.doc_of_row.long() * (int(ids.max()) + 1) + ids)
+        got = e16.tables.block_stats(kind)
         assert got[0].dtype == torch.int32 and torch.equal(got[0].long(), want[0]) and got[1].dtype == torch.float32
         torch.testing.assert_close(got[1], want[1], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(got[1], e32.block_stats(kind)[1], atol=1e-2, rtol=1e-3)
+        torch.testing.assert_close(got[1], e32.tables.block_stats(kind)[1], atol=1e-2, rtol=1e-3)
     # queries: noisy copies of stored rows, so the top hits are clear
     g = torch.Generator().manual_seed(7)
     q = torch.nn.functional.normalize(e32.embeddings[::97][:24] + 0.3 * torch.randn(24, 64, generator=g) / 8, dim=1)
@@ -227,7 +227,7 @@ def test_engine_per_row_arrays_are_int32_and_results_keep_their_types():
             "section": np.concatenate([d.section for d in store.docs]),
             "n_tokens": np.concatenate([d.n_tokens for d in store.docs])}
     for name, values in want.items():
-        got = getattr(engine, name)
+        got = getattr(engine.tables, name)
         assert got.dtype == torch.int32, name
         np.testing.assert_array_equal(got.numpy(), values, err_msg=name)
     table = engine.row_table
