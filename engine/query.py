@@ -123,10 +123,13 @@ class Engine:
         ivf: how an ivf store is searched (engine.store.search.IvfSettings: nprobe, max_codes; default the
         store's, docs/store.md "Indexes"); nprobe: the same as ivf=IvfSettings(nprobe) (either, not both)."""
         from qasc.engine.embedder import resolve_device
-        from qasc.engine.store import read_manifest
+        from qasc.engine.store.collection import is_collection, store_manifest
         from qasc.engine.store.reader import Store
+        from qasc.engine.store.search import IvfSettings
 
-        stored = EngineConfig.from_dict(read_manifest(Path(store_dir).expanduser().absolute()).get("config", {}))
+        root = Path(store_dir).expanduser().absolute()
+        collection = is_collection(root)  # a collection answers as one store (engine.store.collection_reader)
+        stored = EngineConfig.from_dict(store_manifest(root).get("config", {}))
         config = config or stored
         if config.embedder.model not in (None, stored.embedder.model):
             raise QascError(
@@ -134,7 +137,14 @@ class Engine:
                 f"not {config.embedder.model!r}"
             )
         dev = resolve_device(device if device != "auto" else config.embedder.device)
-        store = Store.open(store_dir, device=dev, nprobe=nprobe, ivf=ivf)  # the FAISS index follows the device
+        if collection:
+            from qasc.engine.store.collection_reader import open_collection
+
+            if nprobe is not None or (ivf is not None and ivf != IvfSettings()):
+                raise QascError(f"{root} is a collection, searched exactly: nprobe / ivf settings do not apply")
+            store = open_collection(root)  # docs/collections.md
+        else:
+            store = Store.open(store_dir, device=dev, nprobe=nprobe, ivf=ivf)  # the FAISS index follows the device
         emb_cfg = stored.embedder
         embedder = Embedder(emb_cfg.model, str(dev), config.embedder.dtype, emb_cfg.max_length, emb_cfg.batch_tokens)
         if embedder.dim != int(store.manifest["dim"]) or embedder.fingerprint != store.manifest.get(

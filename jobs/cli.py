@@ -16,6 +16,7 @@ COMMANDS = {
     "query": "answer a batch of queries from a store with query-adapted chunks",
     "eval": "evaluate QASC against baselines on a Chroma-format data set",
     "verify": "check a store's checksums, counts, index and offsets",
+    "collection": "assemble existing stores into one collection, answering as one store",
 }
 
 

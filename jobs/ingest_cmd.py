@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict
+from pathlib import Path
 
 from qasc.engine.errors import QascError
 from qasc.engine.store.index import AUTO_FLAT_MAX, KINDS
@@ -20,6 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "metadata)")
     p.add_argument("--store", required=True, metavar="DIR",
                    help="store folder: created if new, resumed after a crash, appended to if it exists")
+    p.add_argument("--partitions", type=int, metavar="N",
+                   help="write a collection of N partition stores instead (documents assigned by a hash of doc_id; "
+                        "docs/collections.md); an existing collection is appended to")
     m = p.add_argument_group("model (unset: the store's setting, else the default)")
     m.add_argument("--model", metavar="NAME_OR_PATH",
                    help="embedding model: a local folder or a Hugging Face name (default: all-MiniLM-L6-v2, bundled)")
@@ -116,7 +120,28 @@ def build_runner(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from qasc.engine.store import IngestProgress, ingest, summary_line
 
+    if args.partitions is not None:
+        return run_partitions(args)
     config, settings, runner = build_config(args), build_settings(args), build_runner(args)
     summary = ingest(args.paths, args.store, config, settings, runner=runner, progress=IngestProgress(args.progress))
     print(summary_line(summary), flush=True)
+    return 0
+
+
+def run_partitions(args: argparse.Namespace) -> int:
+    """--partitions N: engine.store.collection.ingest_partitions, each partition ingested in turn (--local or Ray,
+    as a store); the partitions' settings come from the flags (or the collection's first partition)."""
+    from qasc.engine.store import IngestProgress
+    from qasc.engine.store.collection import ingest_partitions, is_collection, partition_name
+
+    store = args.store
+    if is_collection(store):  # an append: the partitions' settings, as a store's
+        args.store = str(Path(store) / partition_name(0))
+    config, settings = build_config(args), build_settings(args)
+    args.store = store
+    runner = build_runner(args)
+    summary = ingest_partitions(args.paths, store, args.partitions, config, settings, runner=runner,
+                                progress=IngestProgress(args.progress))
+    print(f"ingested {summary['documents']} documents, {summary['sentences']} sentences into collection {store} "
+          f"({args.partitions} partitions)", flush=True)
     return 0

@@ -18,7 +18,6 @@ import contextlib
 import logging
 import os
 import pickle
-import signal
 import warnings
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import NoReturn
@@ -27,7 +26,7 @@ import numpy as np
 
 from qasc.engine.errors import QascError
 from qasc.engine.store import IngestContext, InputUnit, ResumableError
-from qasc.jobs.ray_session import connect
+from qasc.jobs.ray_session import connect, die_once
 
 MAX_RESTARTS = 3  # an embedding actor killed mid-job is restarted this many times
 MAX_TASK_RETRIES = 3  # and its shard retried on the new actor
@@ -77,10 +76,7 @@ class EmbedActor:
             if k < 0:
                 out.append(payload)
                 continue
-            if self.fault_marker and not os.path.exists(self.fault_marker):  # test hook: die once, mid-job
-                with open(self.fault_marker, "w") as fh:
-                    fh.write(str(os.getpid()))
-                os.kill(os.getpid(), signal.SIGKILL)
+            die_once(self.fault_marker)  # test hook: die once, mid-job
             docs, sents = pickle.loads(payload)
             label = shard_label(self.ctx, int(unit), int(k))
             emb = embed_shard(sents, self.embedder, label)

@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     from qasc.engine.config import EngineConfig
     from qasc.engine.embedder import resolve_device
     from qasc.engine.query import Engine
-    from qasc.engine.store import read_manifest
+    from qasc.engine.store.collection import check_collection, is_collection, store_manifest
     from qasc.engine.store.search import IvfSettings
 
     if getattr(args, "removed_flag", None):  # before anything else: the flag names a setting that is gone
@@ -196,7 +196,9 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise QascError(f"--device: {exc}") from None
     # every flag checked against the store's settings before the model loads or anything is written
-    manifest = read_manifest(args.store)
+    manifest = store_manifest(args.store)  # a collection's: its partitions' settings, searched exactly
+    if is_collection(args.store):
+        check_collection(args.store)  # a partition that cannot be opened: one line, before any work
     kind = manifest.get("index", {}).get("kind")
     if args.nprobe is not None and kind != "ivf":
         raise QascError(f"--nprobe applies to ivf stores; {args.store} has a {kind} index")

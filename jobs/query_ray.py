@@ -3,19 +3,22 @@
 Connects like the ingest job (jobs/ray_session.py: --ray-address, RAY_ADDRESS, the cluster of a submitted job,
 else a local instance); actors take one GPU each when the cluster has GPUs and --device is not cpu.
 Each actor call answers one shard of queries and returns it as an Arrow table (the rows of jobs/results.py plus
-the queries' input positions). Ray Data keeps the shards' order (`preserve_order`), and the driver iterates
-the results shard by shard as they finish, yielding them in input order (query position, then rank, as the
-local path) without ever holding all rows.
+the queries' input positions); an actor killed mid-job is restarted and its shard retried (max_restarts /
+max_task_retries), so the output is the same. Ray Data keeps the shards' order (`preserve_order`), and the
+driver iterates the results shard by shard as they finish, yielding them in input order (query position, then
+rank, as the local path) without ever holding all rows.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 from qasc.engine.config import RetrievalConfig
 from qasc.engine.errors import QascError
 from qasc.engine.query import DEFAULT_SLICE_SIZE
-from qasc.jobs.ray_session import actor_placement, connect
+from qasc.jobs.ingest_ray import FAULT_MARKER_ENV, MAX_RESTARTS, MAX_TASK_RETRIES
+from qasc.jobs.ray_session import actor_placement, connect, die_once
 from qasc.kernels.params import QascParams
 
 DEFAULT_WORKERS = 2  # query actors
@@ -28,10 +31,11 @@ class QueryActor:
     pyarrow Table: the result columns (engine/columns.py) and `position`, each row's query's input position."""
 
     def __init__(self, store: str, params: dict, retrieval: dict, device: str,
-                 slice_size: int = DEFAULT_SLICE_SIZE) -> None:
+                 slice_size: int = DEFAULT_SLICE_SIZE, fault_marker: str | None = None) -> None:
         from qasc.engine.query import Engine
 
-        self.engine = Engine.open(store, device=device)
+        self.engine = Engine.open(store, device=device)  # a store, or a collection as one store
+        self.fault_marker = fault_marker
         self.params = QascParams(**params)
         self.retrieval = RetrievalConfig(**retrieval)
         self.slice_size = slice_size
@@ -42,6 +46,7 @@ class QueryActor:
 
         from qasc.engine.columns import results_schema
 
+        die_once(self.fault_marker)  # test hook: the first shard's actor dies once, mid-job
         questions = [str(q) for q in batch["question"]]
         ids = [str(i) for i in batch["query_id"]]
         table = pa.Table.from_batches(list(self.engine.query_stream(
@@ -90,12 +95,14 @@ def run_query_job(
             QueryActor,
             fn_constructor_kwargs={"store": str(store), "params": params.to_dict(),
                                    "retrieval": retrieval.__dict__, "device": actor_device,
-                                   "slice_size": slice_size},
+                                   "slice_size": slice_size, "fault_marker": os.environ.get(FAULT_MARKER_ENV)},
             batch_size=shard_size,
             compute=ActorPoolStrategy(size=workers),
             num_gpus=num_gpus,
             num_cpus=1,
             batch_format="numpy",
+            max_restarts=MAX_RESTARTS,
+            max_task_retries=MAX_TASK_RETRIES,
         )
         last, schema = -1, results_schema()
         for table in ds.iter_batches(batch_size=None, batch_format="pyarrow"):

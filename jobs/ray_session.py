@@ -96,3 +96,15 @@ def connect(ray_address: str | None, num_cpus: int | None = None) -> bool:
         raise QascError(f"cannot {'connect to Ray at ' + address if address else 'start a local Ray instance'}: "
                         f"{text[0] if text else type(exc).__name__}") from None
     return True
+
+
+def die_once(marker: str | None) -> None:
+    """Test hook (QASC_RAY_FAULT_MARKER): the first call in any process with a marker path that does not exist yet
+    writes its pid there and SIGKILLs its own process (an actor killed mid-job); later calls do nothing."""
+    import os
+    import signal
+
+    if marker and not os.path.exists(marker):
+        with open(marker, "w") as fh:
+            fh.write(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
