@@ -194,3 +194,21 @@ def test_query_parts_bench():
                             "--repeats", "1"])
     assert {r["part"] for r in rec["rows"]} == {"dots", "paths", "top"}
     assert all(r["exact_share"] > 0.9 for r in rec["rows"] if r["part"] == "paths")
+
+
+@pytest.mark.slow
+def test_partitions_bench_real_model(tmp_path):
+    """bench.partitions on the demo corpus in 3 shards (the shipped model, batched as ingest batches): split by shard
+    into 3 partition stores (the same vectors), the collection's result file is the store's, byte for byte."""
+    from bench import partitions
+    from qasc.engine.store import IngestConfig, ingest
+    from tests.conftest import DEMO_CORPUS
+
+    ingest([str(DEMO_CORPUS)], tmp_path / "store", settings=IngestConfig(shard_chars=900), progress=False)
+    questions = tmp_path / "q.csv"
+    questions.write_text("question\nWhy does the crust darken?\nWho invented the Fresnel lens?\nHow do solar cells "
+                         "work?\nWhat does a lighthouse keeper do?\n")
+    rec = partitions.main(["--store", str(tmp_path / "store"), "--questions", str(questions), "--partitions", "3",
+                           "--out", str(tmp_path / "parts"), "--no-alone"])
+    assert rec["partitions"] == 3 and rec["identical"] == {"answers": True, "context": True}
+    assert {r["run"] for r in rec["runs"]} == {"store", "collection"}
