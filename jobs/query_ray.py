@@ -28,10 +28,13 @@ class QueryActor:
     pyarrow Table: the result columns (engine/columns.py) and `position`, each row's query's input position."""
 
     def __init__(self, store: str, params: dict, retrieval: dict, device: str,
-                 slice_size: int = DEFAULT_SLICE_SIZE) -> None:
+                 slice_size: int = DEFAULT_SLICE_SIZE, reranker: str | None = None,
+                 rerank_top: int | None = None) -> None:
         from qasc.engine.query import Engine
+        from qasc.engine.rerank import RERANK_TOP
 
-        self.engine = Engine.open(store, device=device)
+        self.engine = Engine.open(store, device=device, reranker=reranker,
+                                  rerank_top=RERANK_TOP if rerank_top is None else rerank_top)
         self.params = QascParams(**params)
         self.retrieval = RetrievalConfig(**retrieval)
         self.slice_size = slice_size
@@ -45,7 +48,8 @@ class QueryActor:
         questions = [str(q) for q in batch["question"]]
         ids = [str(i) for i in batch["query_id"]]
         table = pa.Table.from_batches(list(self.engine.query_stream(
-            questions, ids, self.params, self.retrieval, self.slice_size)), schema=results_schema())
+            questions, ids, self.params, self.retrieval, self.slice_size)),
+            schema=results_schema(self.engine.reranker is not None))
         positions = np.asarray(batch[POSITION], dtype=np.int64)
         index = {qid: i for i, qid in enumerate(ids)}
         local = np.asarray([index[q] for q in table.column("query_id").to_pylist()], dtype=np.int64)
@@ -63,10 +67,13 @@ def run_query_job(
     device: str = "auto",
     shard_size: int = DEFAULT_SHARD_SIZE,
     slice_size: int = DEFAULT_SLICE_SIZE,
+    reranker: str | None = None,
+    rerank_top: int | None = None,
 ) -> Iterator:
     """Answer `questions` on a Ray actor pool -> pyarrow RecordBatches of result rows (engine.columns
     .results_schema()), in the local path's order, yielded as the shards finish (a generator: Ray starts on
-    the first next() and is shut down, when this call started it, once the generator ends or is closed)."""
+    the first next() and is shut down, when this call started it, once the generator ends or is closed).
+    reranker, rerank_top: the rerank stage, loaded by every actor (engine.rerank)."""
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
@@ -90,14 +97,14 @@ def run_query_job(
             QueryActor,
             fn_constructor_kwargs={"store": str(store), "params": params.to_dict(),
                                    "retrieval": retrieval.__dict__, "device": actor_device,
-                                   "slice_size": slice_size},
+                                   "slice_size": slice_size, "reranker": reranker, "rerank_top": rerank_top},
             batch_size=shard_size,
             compute=ActorPoolStrategy(size=workers),
             num_gpus=num_gpus,
             num_cpus=1,
             batch_format="numpy",
         )
-        last, schema = -1, results_schema()
+        last, schema = -1, results_schema(reranker is not None)
         for table in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
             if table.num_rows == 0:
                 continue
