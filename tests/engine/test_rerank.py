@@ -177,3 +177,22 @@ def test_loader_refuses_what_is_no_cross_encoder(tmp_path, kind, monkeypatch) ->
     with pytest.raises(QascError, match=message) as info:
         resolve_reranker(name)
     assert name in str(info.value) and "\n" not in str(info.value)
+
+
+def test_retrievers_take_the_reranker(demo_store, tiny_cross_encoder, engines) -> None:
+    """LangChain / LlamaIndex: reranker= opens the store with the stage (the engine's answers, its metadata keys);
+    with an opened engine it is refused (the engine keeps its own)."""
+    lc = pytest.importorskip("qasc.engine.integrations.langchain", exc_type=ImportError)
+    li = pytest.importorskip("qasc.engine.integrations.llamaindex", exc_type=ImportError)
+    _, on = engines
+    want = on.query([QUESTIONS[1]])[0]
+    docs = lc.QascRetriever(store=str(demo_store), device="cpu", reranker=tiny_cross_encoder).invoke(QUESTIONS[1])
+    nodes = li.QascRetriever(store=str(demo_store), device="cpu", reranker=tiny_cross_encoder).retrieve(QUESTIONS[1])
+    assert len(docs) == len(nodes) == len(want) > 0
+    for doc, node, chunk in zip(docs, nodes, want, strict=True):
+        assert doc.page_content == node.node.text == chunk.text
+        assert doc.metadata["reranker"] == tiny_cross_encoder
+        assert doc.metadata["rerank_score"] == pytest.approx(chunk.rerank_score, rel=1e-4, abs=1e-4)
+    assert "reranker" not in lc.QascRetriever(engine=engines[0]).invoke(QUESTIONS[1])[0].metadata  # off: as before
+    with pytest.raises(ValueError, match="reranker= opens the store"):
+        lc.QascRetriever(engine=on, reranker=tiny_cross_encoder)
