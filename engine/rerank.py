@@ -33,7 +33,7 @@ from qasc.kernels.signals import rerank_scores
 
 RERANK_TOP = 20  # candidates a query's cross-encoder scores (the best by the first stage's score)
 MAX_LENGTH = 512  # tokens of a pair at most (the model's own limit when lower)
-BATCH_TOKENS_CPU = 8192  # padded tokens per forward on CPU (GPU: BATCH_TOKENS_GPU)
+BATCH_TOKENS_CPU = 2048  # padded tokens per forward on CPU (8192 was the slowest measured: bench/RESULTS.md, issue 51)
 BATCH_TOKENS_GPU = 262_144
 MAX_BATCH_PAIRS = 1024  # pairs per forward at most
 PROGRESS_MIN_PAIRS = 4096  # a slice with this many pairs shows a progress bar (on a terminal)

@@ -122,6 +122,7 @@ def engines(demo_store, tiny_cross_encoder):
     return Engine.open(str(demo_store)), Engine.open(str(demo_store), reranker=tiny_cross_encoder, rerank_top=6)
 
 
+@pytest.mark.slow
 def test_engine_hook_equals_the_loop_over_the_first_stage(engines) -> None:
     """Engine.query with the stage == the loop above over the first stage's chunks (top_k = rerank_top)."""
     off, on = engines
@@ -141,6 +142,7 @@ def test_engine_hook_equals_the_loop_over_the_first_stage(engines) -> None:
     assert sum(len(x) for x in got) > 0
 
 
+@pytest.mark.slow
 def test_engine_columns_off_and_on(engines) -> None:
     off, on = engines
     emb = off.embed_queries(QUESTIONS[:2])
@@ -179,6 +181,7 @@ def test_loader_refuses_what_is_no_cross_encoder(tmp_path, kind, monkeypatch) ->
     assert name in str(info.value) and "\n" not in str(info.value)
 
 
+@pytest.mark.slow
 def test_retrievers_take_the_reranker(demo_store, tiny_cross_encoder, engines) -> None:
     """LangChain / LlamaIndex: reranker= opens the store with the stage (the engine's answers, its metadata keys);
     with an opened engine it is refused (the engine keeps its own)."""
