@@ -13,6 +13,8 @@
 #   subset           bench.gpu_subset: the packed chroma_general subset embedded into a store on the device, queried
 #                    end to end, and its outputs compared with the CPU path's
 #   embed_fp16       bench.embed in float16, ours only
+#   rerank           bench.rerank: a MiniLM-L6-size cross-encoder (the packed model, a random head) on chroma_general
+#                    sentence runs, the engine's pairs/s (bf16) vs sentence-transformers CrossEncoder.predict
 #
 # Python: $PY, else the machine's own python3 -- never a carried .venv (a CPU-only torch). PYTHONPATH = the repo and
 # $PACK/site (punkt); the model is $PACK/model; the data $PACK/chroma_general (QASC_CHROMA_DIR). No faiss or ray is
@@ -119,6 +121,7 @@ if (( TINY )); then
   KERNELS=(--qs 1,16 --ls 64 --settings default,r3-adaptive --repeats 1 --budget-s 30)
   QUERY=(--synthetic 5000 --batch 64 --single 4 --repeats 1 --slice 32)
   SUBSET=(--max-chars 3000 --questions 8 --batch 32 --repeats 1)
+  RERANK=(--queries 4 --top 8 --repeats 1)
 else
   EMBED=(--n 0 --tile 100000 --repeats 3 --batch-tokens 65536,262144 --max-batch-sizes 1024,4096
          --st-batch-sizes 1024 --host-breakdown)
@@ -127,6 +130,7 @@ else
            --budget-s 55)
   QUERY=(--synthetic 1000000 --batch 100000 --single 100 --repeats 1 --slice 16384)
   SUBSET=(--batch 20000 --repeats 3)
+  RERANK=(--queries 400 --top 20 --repeats 3 --st-batch 256)
 fi
 GPU_NOTE=""; (( ON_GPU )) || GPU_NOTE="dry run on $DEVICE"
 
@@ -177,6 +181,13 @@ if (( MODEL_OK )) && has transformers && has punkt; then
   STEP_NOTE=$GPU_NOTE step embed_fp16 30 env TOKENIZERS_PARALLELISM=true "$PY" -m bench.embed --device "$DEVICE" \
     --model "$MODEL" --dtype float16 --no-st "${EMBED16[@]}"
 else skip embed_fp16 "model folder, transformers or punkt missing"; fi
+
+# --- 7. the rerank stage: a MiniLM-L6-size cross-encoder, ours vs CrossEncoder.predict -----------------------
+if (( MODEL_OK )) && has transformers && has punkt && [[ -f "$QASC_CHROMA_DIR/questions.csv" ]]; then
+  if has sentence_transformers; then ST=(); else ST=(--no-st); fi
+  STEP_NOTE=$GPU_NOTE step rerank 60 "$PY" -m bench.rerank --device "$DEVICE" --model "$MODEL" --skip-query \
+    --questions "$QASC_CHROMA_DIR/questions.csv" "${RERANK[@]}" "${ST[@]}"
+else skip rerank "model folder, transformers, punkt or the chroma_general subset missing"; fi
 
 summarize
 cat "$OUT/summary.txt" | tee -a "$LOG"

@@ -54,6 +54,8 @@ def summarize(work: Path) -> dict:
         "embed_roofline": rec("embed").get("roofline_default"),
         "embed_host_ceiling_sps": (rec("embed").get("host") or {}).get("host_ceiling_sps"),
         "embed_fp16_sps": rec("embed_fp16").get("ours_default_sps"),
+        "rerank_pairs_per_s": rec("rerank").get("engine_pairs_per_s"),
+        "rerank_vs_st": rec("rerank").get("ratio"),
         "kernels_largest_q": _kernel_peaks(rec("kernels")),
         "kernels_skipped": rec("kernels").get("skipped"),
         "query_1m_source": rec("query_synthetic").get("source"),

@@ -55,7 +55,8 @@ class ChunkColumns:
     """The returned chunks of Q queries, M in all, in query order then rank: query (M,) int64 query index,
     rank (M,) int32, doc (M,) int64 document index, char_start/char_end (M,) int64, score (M,) float32,
     n_tokens/sentence_start/sentence_end (M,) int32 (sentence_end inclusive), seed_offsets (M+1,) int32 and
-    seed_ids (S,) int32 (chunk j's seeds: seed_ids[seed_offsets[j]:seed_offsets[j+1]]), text (M) str."""
+    seed_ids (S,) int32 (chunk j's seeds: seed_ids[seed_offsets[j]:seed_offsets[j+1]]), text (M) str; rerank (M,)
+    float32 the cross-encoder's score (NaN: a row it did not score), None without the rerank stage (engine.rerank)."""
 
     n_queries: int
     query: np.ndarray
@@ -70,6 +71,7 @@ class ChunkColumns:
     seed_offsets: np.ndarray
     seed_ids: np.ndarray
     text: list[str]
+    rerank: np.ndarray | None = None
 
     @classmethod
     def empty(cls, n_queries: int) -> ChunkColumns:
@@ -97,7 +99,12 @@ class ChunkColumns:
             np.concatenate([np.zeros(1, np.int64)] + [p.seed_offsets[1:] + b for p, b in zip(parts, s_base,
                                                                                             strict=True)]).astype(np.int32),
             cat("seed_ids"), [t for p in parts for t in p.text],
+            None if all(p.rerank is None for p in parts) else np.concatenate([p.rerank_or_nan() for p in parts]),
         )
+
+    def rerank_or_nan(self) -> np.ndarray:
+        """(M,) float32 rerank scores, NaN where none (all NaN without the rerank stage)."""
+        return np.full(len(self.query), np.nan, np.float32) if self.rerank is None else self.rerank
 
     def __len__(self) -> int:
         return len(self.query)
@@ -108,14 +115,16 @@ class ChunkColumns:
         seeds, off = self.seed_ids.tolist(), self.seed_offsets.tolist()
         cols = (self.query, self.doc, self.char_start, self.char_end, self.score, self.n_tokens,
                 self.sentence_start, self.sentence_end)
+        rerank = [None] * len(self) if self.rerank is None else [None if x != x else x for x in self.rerank.tolist()]
         for j, (q, d, c0, c1, s, n, first, last) in enumerate(zip(*(c.tolist() for c in cols), strict=True)):
             out[q].append(Chunk(doc_ids[d], c0, c1, self.text[j], s, tuple(seeds[off[j] : off[j + 1]]), n, first,
-                                last))
+                                last, rerank[j]))
         return out
 
-    def to_record_batch(self, query_ids: pa.Array, doc_id_array: pa.Array) -> pa.RecordBatch:
+    def to_record_batch(self, query_ids: pa.Array, doc_id_array: pa.Array, reranker: str | None = None
+                        ) -> pa.RecordBatch:
         """query_ids (n_queries,) string array, doc_id_array (documents,) string array -> a RecordBatch of
-        M rows in results_schema()."""
+        M rows in results_schema(); reranker: the rerank stage's model name, which adds its two columns."""
         seeds = pa.ListArray.from_arrays(pa.array(self.seed_offsets, pa.int32()), pa.array(self.seed_ids, pa.int32()))
         arrays = [
             query_ids.take(pa.array(self.query)), pa.array(self.rank, pa.int32()),
@@ -125,7 +134,11 @@ class ChunkColumns:
             pa.array(self.n_tokens, pa.int32()), seeds, pa.array(self.sentence_start, pa.int32()),
             pa.array(self.sentence_end, pa.int32()),
         ]
-        return pa.RecordBatch.from_arrays(arrays, schema=results_schema())
+        if reranker is not None:
+            rerank = self.rerank_or_nan()
+            arrays += [pa.array([reranker] * len(self), pa.string()),
+                       pa.array(rerank, pa.float32(), mask=np.isnan(rerank))]
+        return pa.RecordBatch.from_arrays(arrays, schema=results_schema(reranker is not None))
 
 
 def _np(t: torch.Tensor | np.ndarray) -> np.ndarray:

@@ -195,4 +195,4 @@ def interleave(cols: ChunkColumns, extra: ChunkColumns) -> ChunkColumns:
         n_tokens=both.n_tokens[order], sentence_start=both.sentence_start[order],
         sentence_end=both.sentence_end[order], seed_offsets=offsets,
         seed_ids=np.concatenate(seeds).astype(np.int32) if seeds else np.zeros(0, np.int32),
-        text=[both.text[j] for j in order.tolist()])
+        text=[both.text[j] for j in order.tolist()], rerank=None if both.rerank is None else both.rerank[order])

@@ -26,6 +26,7 @@ from qasc.engine.config import EngineConfig, RetrievalConfig
 from qasc.engine.embedder import Embedder
 from qasc.engine.errors import QascError
 from qasc.engine.fill import fill_columns
+from qasc.engine.rerank import RERANK_TOP, Reranker, first_stage_params
 from qasc.engine.retrieval import CONTEXT_PATH_ROWS, CONTEXT_PATHS, CONTEXT_POOL, FILL_ROWS, Retrieval, StoreSearch  # noqa: F401, E501
 from qasc.engine.signals import HeadingGate, LexicalTerm, RowSignals  # noqa: F401  (the engine's API)
 from qasc.engine.tables import BLOCK_ROWS_MAX, STATS_BLOCK_ROWS, StoreTables, store_vectors  # noqa: F401
@@ -86,6 +87,7 @@ class Engine:
         self.retrieval = Retrieval(self.signals, searcher if searcher is not None else StoreSearch(store, device))
         self.embedder = embedder
         self.config = config
+        self.reranker: Reranker | None = None  # the rerank stage (engine.rerank), off by default
 
     @property
     def store(self):
@@ -117,8 +119,11 @@ class Engine:
 
     @classmethod
     def open(cls, store_dir: str, config: EngineConfig | None = None, device: str = "auto",
-             nprobe: int | None = None, ivf: IvfSettings | None = None) -> Engine:
+             nprobe: int | None = None, ivf: IvfSettings | None = None, reranker: str | None = None,
+             rerank_top: int = RERANK_TOP) -> Engine:
         """Open a store; the embedding model is the one recorded in its manifest (a mismatch is refused).
+        reranker: a cross-encoder's folder or hub name for the rerank stage (engine.rerank; its `rerank_top`
+        best candidates a query), loaded before the store (a bad one fails first).
 
         ivf: how an ivf store is searched (engine.store.search.IvfSettings: nprobe, max_codes; default the
         store's, docs/store.md "Indexes"); nprobe: the same as ivf=IvfSettings(nprobe) (either, not both)."""
@@ -137,6 +142,7 @@ class Engine:
                 f"not {config.embedder.model!r}"
             )
         dev = resolve_device(device if device != "auto" else config.embedder.device)
+        rerank = None if reranker is None else Reranker(reranker, dev, rerank_top)
         if collection:
             from qasc.engine.store.collection_reader import open_collection
 
@@ -154,7 +160,9 @@ class Engine:
                 f"store {store_dir} holds {store.manifest['dim']}-d vectors of model fingerprint "
                 f"{store.manifest.get('fingerprint')}; the loaded model gives {embedder.dim}-d, {embedder.fingerprint}"
             )
-        return cls(store, embedder, config, dev)
+        engine = cls(store, embedder, config, dev)
+        engine.reranker = rerank
+        return engine
 
     def embed_queries(self, questions: Sequence[str]) -> torch.Tensor:
         """questions (Q) -> (Q, dim) float32 on the engine's device; empty or overlong questions are refused."""
@@ -164,12 +172,13 @@ class Engine:
 
     def run_batch(
         self, query_emb: torch.Tensor, params: QascParams, retrieval: RetrievalConfig,
-        pool: torch.Tensor | None = None, questions: Sequence[str] | None = None,
+        pool: torch.Tensor | None = None, questions: Sequence[str] | None = None, rerank_top: int | None = None,
     ) -> tuple[QascBatch, CandidateRows]:
         """query_emb (Q, dim) -> the QASC result over each query's candidate rows (with the heading context
         when params.context_weight > 0 and the store has heading paths). pool: the search's hits (Q,
         `pool_width`) when done already (query_columns searches several slices at once). questions (Q): the
-        queries' texts, for the gated lexical term when params.lexical_weight > 0 (left out without them)."""
+        queries' texts, for the gated lexical term when params.lexical_weight > 0 (left out without them).
+        rerank_top: the rerank stage's candidates (engine.rerank.first_stage_params) instead of the selection."""
         depth = min(retrieval.depth, max(self.n_total, 1))
         lexical = self.signals.lexical_term(params, questions, query_emb.shape[0])
         gate = None
@@ -194,7 +203,9 @@ class Engine:
             blocks[kind] = (sizes, norms[rows])
         batch = run_qasc(
             sims, cand.valid, cand.region, self.tables.paragraph[rows].long(), self.tables.section[rows].long(),
-            self.tables.n_tokens[rows].long(), params, dots=dots, blocks=blocks, boost=boost,
+            self.tables.n_tokens[rows].long(),
+            params if rerank_top is None else first_stage_params(params, rerank_top),
+            dots=dots, blocks=blocks, boost=boost,
         )
         return batch, cand
 
@@ -227,6 +238,9 @@ class Engine:
         query_emb = torch.as_tensor(query_emb).to(device=self.device, dtype=torch.float32)
         if questions is not None and len(questions) != query_emb.shape[0]:
             raise QascError(f"{len(questions)} question texts for {query_emb.shape[0]} query vectors")
+        reranker = self.reranker
+        if reranker is not None and questions is None:
+            raise QascError(f"the reranker {reranker.name} reads the questions: pass their texts (questions=...)")
         table = self.row_table
         block = slice_size * max(1, SEARCH_BLOCK_QUERIES // slice_size)  # searched at once: whole slices
         block_lo, block_hi = 0, 0  # the queries of the current search
@@ -253,9 +267,13 @@ class Engine:
                     fill = params.budget_fill and (params.budget_tokens is not None or fill_units is not None) and (
                         self.tables.passage_tier() is not None)  # passages load only for a fill (+0.4-0.5 GiB at 1M)
                     batch, cand = self.run_batch(query_emb[a:b], params, retrieval,
-                                                 pool[a - block_lo : b - block_lo], texts)
+                                                 pool[a - block_lo : b - block_lo], texts,
+                                                 None if reranker is None else reranker.top)
                     rows = torch.where(cand.valid, cand.rows, torch.zeros_like(cand.rows))
                     cols = assemble_columns(batch, rows, table)
+                    if reranker is not None:
+                        cols = reranker.rerank(cols, texts, self.chunk_paths(cols), params.top_k,
+                                               params.budget_tokens, governor.step)
                     if fill:
                         units = self.retrieval.fill_units(query_emb[a:b], params, texts,
                                                           pool[a - block_lo : b - block_lo])
@@ -310,7 +328,16 @@ class Engine:
             raise QascError(f"{len(ids)} query ids for {n} query vectors")
         for lo, cols in self.query_columns(query_emb, params, retrieval, slice_size, questions):
             qids = pa.array(ids[lo : lo + cols.n_queries], pa.string())
-            yield cols.to_record_batch(qids, self.row_table.doc_id_array)
+            yield cols.to_record_batch(qids, self.row_table.doc_id_array,
+                                       None if self.reranker is None else self.reranker.name)
+
+    def chunk_paths(self, cols: ChunkColumns) -> list[str]:
+        """Each chunk's heading path at its first sentence ("" without one): what the reranker reads before it."""
+        paths = getattr(self.store, "heading_paths", None)
+        if not paths:
+            return [""] * len(cols)
+        rows = np.asarray(self.store.doc_offsets, np.int64)[cols.doc] + cols.sentence_start
+        return [paths[h] if h >= 0 else "" for h in np.asarray(self.store.row_heading)[rows].tolist()]
 
     def query_stream(
         self,

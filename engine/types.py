@@ -67,6 +67,7 @@ class Chunk:
     n_tokens: int
     sentence_start: int  # first sentence index (inclusive)
     sentence_end: int  # last sentence index (inclusive)
+    rerank_score: float | None = None  # the rerank stage's cross-encoder score (None: no rerank stage, or a fill row)
 
     def __post_init__(self) -> None:
         if not 0 <= self.char_start < self.char_end:

@@ -10,6 +10,7 @@ from pathlib import Path
 from qasc.engine.errors import QascError
 from qasc.engine.presets import PRESETS, describe
 from qasc.engine.query import DEFAULT_SLICE_SIZE, MAX_QUERY_CHARS
+from qasc.engine.rerank import RERANK_TOP
 from qasc.jobs.devices import add_device_argument
 from qasc.jobs.params_cli import (
     ADVANCED_DESCRIPTION,
@@ -34,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "an optional `id` column; '-' reads one question per line from stdin")
     src.add_argument("--question", help="a single question; prints a table")
     p.add_argument("--out", help="results file, .jsonl or .parquet (by extension); without it, a table is printed")
+    p.add_argument("--reranker", default=None, metavar="NAME_OR_PATH",
+                   help="rerank stage: a cross-encoder (transformers sequence classifier, one label) scores each "
+                   "query's best chunks; a model folder, or a hub name where the hub is reachable; default: off")
     advanced = p.add_argument_group(ADVANCED_TITLE, ADVANCED_DESCRIPTION)
     add_qasc_arguments(p, advanced)
     add_device_argument(p)
@@ -52,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     advanced.add_argument("--max-codes", type=int, default=None,
                           help="ivf stores: at most this many codes scanned per query, the probed lists nearest "
                                "first (FAISS's max_codes; default: none); local path only")
+    advanced.add_argument("--rerank-top", type=int, default=None,
+                          help=f"--reranker: the first stage's best chunks a query it scores (default {RERANK_TOP})")
 
 
 def _csv_header(src: Path) -> list[str]:
@@ -206,17 +212,28 @@ def run(args: argparse.Namespace) -> int:
         raise QascError(f"--max-codes applies to ivf stores; {args.store} has a {kind} index")
     stored = EngineConfig.from_dict(manifest.get("config", {}))
     params, retrieval, preset = setting_from_args(args, stored.qasc, stored.retrieval)
-    writer = ResultWriter(args.out) if args.out else None  # checks --out before any work
+    rerank_top = RERANK_TOP if args.rerank_top is None else args.rerank_top
+    if args.rerank_top is not None and args.reranker is None:
+        raise QascError("--rerank-top needs --reranker")
+    if rerank_top < 1:
+        raise QascError(f"--rerank-top must be >= 1, got {rerank_top}")
+    if args.reranker is not None:
+        from qasc.engine.rerank import resolve_reranker
+
+        resolve_reranker(args.reranker)  # its config only: a bad one fails before the store or any output
+    # checks --out before any work
+    writer = ResultWriter(args.out, reranked=args.reranker is not None) if args.out else None
     print(f"qasc query: {describe(preset, params, retrieval)}", file=sys.stderr)
     started = time.perf_counter()
     if ray:
         from qasc.jobs.query_ray import run_query_job
 
         batches = run_query_job(args.store, ids, questions, params, retrieval, workers=workers,
-                                ray_address=args.ray_address, device=args.device, slice_size=args.batch_size)
+                                ray_address=args.ray_address, device=args.device, slice_size=args.batch_size,
+                                reranker=args.reranker, rerank_top=rerank_top)
     else:
         ivf = IvfSettings(args.nprobe, args.max_codes or 0)  # the flags as one value (engine.store.search)
-        engine = Engine.open(args.store, device=args.device, ivf=ivf)
+        engine = Engine.open(args.store, device=args.device, ivf=ivf, reranker=args.reranker, rerank_top=rerank_top)
         batches = engine.query_stream(questions, ids, params, retrieval, slice_size=args.batch_size)
     if writer is not None:  # results go to the file slice by slice: memory does not grow with the queries
         with writer:

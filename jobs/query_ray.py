@@ -31,10 +31,13 @@ class QueryActor:
     pyarrow Table: the result columns (engine/columns.py) and `position`, each row's query's input position."""
 
     def __init__(self, store: str, params: dict, retrieval: dict, device: str,
-                 slice_size: int = DEFAULT_SLICE_SIZE, fault_marker: str | None = None) -> None:
+                 slice_size: int = DEFAULT_SLICE_SIZE, reranker: str | None = None,
+                 rerank_top: int | None = None, fault_marker: str | None = None) -> None:
         from qasc.engine.query import Engine
+        from qasc.engine.rerank import RERANK_TOP
 
-        self.engine = Engine.open(store, device=device)  # a store, or a collection as one store
+        self.engine = Engine.open(store, device=device, reranker=reranker,  # a store, or a collection as one store
+                                  rerank_top=RERANK_TOP if rerank_top is None else rerank_top)
         self.fault_marker = fault_marker
         self.params = QascParams(**params)
         self.retrieval = RetrievalConfig(**retrieval)
@@ -50,7 +53,8 @@ class QueryActor:
         questions = [str(q) for q in batch["question"]]
         ids = [str(i) for i in batch["query_id"]]
         table = pa.Table.from_batches(list(self.engine.query_stream(
-            questions, ids, self.params, self.retrieval, self.slice_size)), schema=results_schema())
+            questions, ids, self.params, self.retrieval, self.slice_size)),
+            schema=results_schema(self.engine.reranker is not None))
         positions = np.asarray(batch[POSITION], dtype=np.int64)
         index = {qid: i for i, qid in enumerate(ids)}
         local = np.asarray([index[q] for q in table.column("query_id").to_pylist()], dtype=np.int64)
@@ -68,10 +72,13 @@ def run_query_job(
     device: str = "auto",
     shard_size: int = DEFAULT_SHARD_SIZE,
     slice_size: int = DEFAULT_SLICE_SIZE,
+    reranker: str | None = None,
+    rerank_top: int | None = None,
 ) -> Iterator:
     """Answer `questions` on a Ray actor pool -> pyarrow RecordBatches of result rows (engine.columns
     .results_schema()), in the local path's order, yielded as the shards finish (a generator: Ray starts on
-    the first next() and is shut down, when this call started it, once the generator ends or is closed)."""
+    the first next() and is shut down, when this call started it, once the generator ends or is closed).
+    reranker, rerank_top: the rerank stage, loaded by every actor (engine.rerank)."""
     import ray
     from ray.data import ActorPoolStrategy, DataContext
 
@@ -95,7 +102,8 @@ def run_query_job(
             QueryActor,
             fn_constructor_kwargs={"store": str(store), "params": params.to_dict(),
                                    "retrieval": retrieval.__dict__, "device": actor_device,
-                                   "slice_size": slice_size, "fault_marker": os.environ.get(FAULT_MARKER_ENV)},
+                                   "slice_size": slice_size, "reranker": reranker, "rerank_top": rerank_top,
+                                   "fault_marker": os.environ.get(FAULT_MARKER_ENV)},
             batch_size=shard_size,
             compute=ActorPoolStrategy(size=workers),
             num_gpus=num_gpus,
@@ -104,7 +112,7 @@ def run_query_job(
             max_restarts=MAX_RESTARTS,
             max_task_retries=MAX_TASK_RETRIES,
         )
-        last, schema = -1, results_schema()
+        last, schema = -1, results_schema(reranker is not None)
         for table in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
             if table.num_rows == 0:
                 continue

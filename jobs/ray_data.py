@@ -46,15 +46,19 @@ class QascQuery:
     store: the store folder (on a path every Ray node can read). device: auto | cpu | cuda (auto: the GPU
     map_batches gave the actor via num_gpus, else the CPU). params / retrieval: a QascParams / RetrievalConfig
     or a dict of their fields; **overrides: single QASC or retrieval fields (top_k=3, depth=32, ...). Unset
-    values are the store's (the config saved by `qasc ingest`), as `qasc query` does.
+    values are the store's (the config saved by `qasc ingest`), as `qasc query` does. reranker / rerank_top: the
+    rerank stage (engine.rerank; `qasc query --reranker / --rerank-top`), which adds its two result columns.
     """
 
     def __init__(self, store: str, device: str = "auto", params: QascParams | dict | None = None,
-                 retrieval: RetrievalConfig | dict | None = None, **overrides: object) -> None:
+                 retrieval: RetrievalConfig | dict | None = None, reranker: str | None = None,
+                 rerank_top: int | None = None, **overrides: object) -> None:
         set_env_defaults()
         from qasc.engine.query import Engine
+        from qasc.engine.rerank import RERANK_TOP
 
-        self.engine = Engine.open(str(store), device=device)
+        self.engine = Engine.open(str(store), device=device, reranker=reranker,
+                                  rerank_top=RERANK_TOP if rerank_top is None else rerank_top)
         stored = self.engine.config
         base = params.to_dict() if isinstance(params, QascParams) else dict(params or {})
         found = asdict(retrieval) if isinstance(retrieval, RetrievalConfig) else dict(retrieval or {})
@@ -86,4 +90,4 @@ class QascQuery:
         # one slice for the whole batch: one engine call, its memory set by map_batches' batch_size
         batches = self.engine.query_stream(questions, ids, self.params, self.retrieval,
                                            slice_size=max(len(questions), 1))
-        return pa.Table.from_batches(list(batches), schema=results_schema())
+        return pa.Table.from_batches(list(batches), schema=results_schema(self.engine.reranker is not None))

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from qasc.engine.columns import RESULT_COLUMNS, results_schema
+from qasc.engine.columns import RERANK_COLUMNS, RESULT_COLUMNS, results_schema
 from qasc.engine.errors import QascError
 from qasc.engine.types import Chunk
 
@@ -83,10 +83,13 @@ class ResultWriter:
     Rows go to a temp file beside the target as they come (Parquet: row groups of at least `row_group_rows`
     rows, so memory holds one row group at most; JSONL: one line per row); on a clean exit the file is
     fsynced and renamed over the target, on any error it is removed, so a failed run leaves a previous file
-    untouched. `rows` counts the rows written."""
+    untouched. `rows` counts the rows written. reranked: the batches carry the rerank stage's columns too
+    (engine.columns.RERANK_COLUMNS)."""
 
-    def __init__(self, out: str | os.PathLike, row_group_rows: int = ROW_GROUP_ROWS) -> None:
+    def __init__(self, out: str | os.PathLike, row_group_rows: int = ROW_GROUP_ROWS, reranked: bool = False) -> None:
         self.target = check_out(str(out))
+        self.reranked = reranked
+        self.columns = RESULT_COLUMNS + (RERANK_COLUMNS if reranked else ())
         self.row_group_rows = max(1, row_group_rows)
         self.tmp = self.target.with_name(f".{self.target.name}.tmp-{os.getpid()}")
         self.rows = 0
@@ -100,15 +103,15 @@ class ResultWriter:
         if self.target.suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            self._parquet = pq.ParquetWriter(self._fh, results_schema(), compression="zstd")
+            self._parquet = pq.ParquetWriter(self._fh, results_schema(self.reranked), compression="zstd")
         return self
 
     def write(self, batch) -> None:
         """batch: a pyarrow RecordBatch or Table with the columns of results_schema()."""
         if self._fh is None:
             raise QascError("ResultWriter.write outside its `with` block")
-        if tuple(batch.schema.names) != RESULT_COLUMNS:
-            raise QascError(f"result batch has columns {batch.schema.names}, expected {list(RESULT_COLUMNS)}")
+        if tuple(batch.schema.names) != self.columns:
+            raise QascError(f"result batch has columns {batch.schema.names}, expected {list(self.columns)}")
         if batch.num_rows == 0:
             return
         self.rows += batch.num_rows
@@ -131,7 +134,8 @@ class ResultWriter:
         import pyarrow as pa
 
         if self._pending:
-            table = pa.Table.from_batches([b for p in self._pending for b in _batches(p)], schema=results_schema())
+            table = pa.Table.from_batches([b for p in self._pending for b in _batches(p)],
+                                          schema=results_schema(self.reranked))
             self._parquet.write_table(table, row_group_size=max(table.num_rows, 1))
             self._pending, self._pending_rows = [], 0
 

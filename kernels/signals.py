@@ -96,3 +96,26 @@ def normalised_lexical(bm25: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
     score per query -> (Q, L) float32 bm25 / best in [0, 1] (0 for a query with no known term)."""
     scale = torch.where(best > 0, 1.0 / best.clamp(min=1e-12), torch.zeros_like(best))
     return bm25 * scale[:, None]
+
+
+RERANK_STD_FLOOR = 1e-6  # a query's scores spread less than this: that signal says nothing there (its z is 0)
+
+
+def rerank_scores(first: torch.Tensor, cross: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """first (Q, N) float the first stage's scores of each query's N best candidates, cross (Q, N) float a
+    cross-encoder's scores of the same candidates, valid (Q, N) bool -> (Q, N) float32 fused scores, -inf where
+    invalid (the rerank stage, engine.rerank).
+
+    fused = z(first) + z(cross), z over each query's valid entries: (x - mean) / std (population std, float64),
+    0 where std <= RERANK_STD_FLOOR (one candidate, or all scores equal). Equal weights and no constant: the two
+    signals' scales (cosines, logits) drop out, and neither overrides the other."""
+    def z(x: torch.Tensor) -> torch.Tensor:
+        x = torch.where(valid, x.double(), torch.zeros_like(x, dtype=torch.float64))
+        count = valid.sum(dim=1, keepdim=True).clamp(min=1)
+        mean = x.sum(dim=1, keepdim=True) / count
+        centred = torch.where(valid, x - mean, torch.zeros_like(x))
+        std = (centred.square().sum(dim=1, keepdim=True) / count).sqrt()
+        return torch.where(std > RERANK_STD_FLOOR, centred / std.clamp(min=RERANK_STD_FLOOR), torch.zeros_like(x))
+
+    fused = (z(first) + z(cross)).float()
+    return torch.where(valid, fused, torch.full_like(fused, float("-inf")))

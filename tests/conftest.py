@@ -98,3 +98,22 @@ def tiny_model(tmp_path_factory) -> str:
     BertModel(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_cross_encoder(tmp_path_factory) -> str:
+    """A random 2-layer, 32-wide BertForSequenceClassification (one label) with the real MiniLM tokenizer: a
+    cross-encoder in a folder, as a user brings one (the rerank stage's tests; none ships offline)."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from qasc.engine.embedder import resolve_model_path
+
+    path = tmp_path_factory.mktemp("tiny_cross_encoder")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(None))
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=512, num_labels=1)
+    BertForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

@@ -45,9 +45,12 @@ class ChunkSource:
 
     def __init__(self, engine: Engine | None = None, store: str | Path | None = None,
                  params: QascParams | None = None, retrieval: RetrievalConfig | None = None,
-                 device: str = "auto") -> None:
+                 device: str = "auto", reranker: str | None = None) -> None:
         if (engine is None) == (store is None):
             raise ValueError("give either engine= (an opened engine.query.Engine) or store= (a store folder)")
+        if engine is not None and reranker is not None:
+            raise ValueError("reranker= opens the store with it (store=...); an opened engine keeps its own "
+                             "(Engine.open(store, reranker=...))")
         if params is not None and not isinstance(params, QascParams):
             raise TypeError(f"params must be a kernels.params.QascParams, got {type(params).__name__}")
         if retrieval is not None and not isinstance(retrieval, RetrievalConfig):
@@ -55,7 +58,7 @@ class ChunkSource:
         if engine is None:
             from qasc.engine.query import Engine
 
-            engine = Engine.open(str(store), device=device)
+            engine = Engine.open(str(store), device=device, reranker=reranker)
         self.engine = engine
         self.params = params
         self.retrieval = retrieval
@@ -82,6 +85,8 @@ class ChunkSource:
             "n_tokens": chunk.n_tokens,
             "sentence_start": chunk.sentence_start,
             "sentence_end": chunk.sentence_end,
+            **({} if self.engine.reranker is None else {"reranker": self.engine.reranker.name,
+                                                        "rerank_score": chunk.rerank_score}),
         }
 
     def chunk_id(self, chunk: Chunk) -> str:

@@ -32,7 +32,8 @@ class QascRetriever(BaseRetriever):
     """Query-adapted chunks of a QASC store as LangChain Documents.
 
     engine: an opened `engine.query.Engine`, or store: a store folder (opened once, on `device`);
-    params / retrieval: QascParams / RetrievalConfig overrides (None: the store's settings).
+    params / retrieval: QascParams / RetrievalConfig overrides (None: the store's settings); reranker: a
+    cross-encoder's folder or hub name for the rerank stage (with store=; engine.rerank).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -42,12 +43,13 @@ class QascRetriever(BaseRetriever):
     params: InstanceOf[QascParams] | None = None
     retrieval: InstanceOf[RetrievalConfig] | None = None
     device: str = "auto"
+    reranker: str | None = None
 
     _source: ChunkSource = PrivateAttr()
 
     @model_validator(mode="after")
     def _open(self) -> QascRetriever:
-        self._source = ChunkSource(self.engine, self.store, self.params, self.retrieval, self.device)
+        self._source = ChunkSource(self.engine, self.store, self.params, self.retrieval, self.device, self.reranker)
         self.engine = self._source.engine
         return self
 

@@ -30,15 +30,17 @@ class QascRetriever(BaseRetriever):
     """Query-adapted chunks of a QASC store as LlamaIndex nodes.
 
     engine: an opened `engine.query.Engine`, or store: a store folder (opened once, on `device`);
-    params / retrieval: QascParams / RetrievalConfig overrides (None: the store's settings).
+    params / retrieval: QascParams / RetrievalConfig overrides (None: the store's settings); reranker: a
+    cross-encoder's folder or hub name for the rerank stage (with store=; engine.rerank).
     A node's id is a uuid5 of its document's content digest, doc_id and character range; its SOURCE
     relationship is the doc_id; the position keys are excluded from the text LLMs and embedders see.
     """
 
     def __init__(self, engine: Engine | None = None, store: str | Path | None = None, *,
                  params: QascParams | None = None, retrieval: RetrievalConfig | None = None, device: str = "auto",
-                 callback_manager: CallbackManager | None = None, verbose: bool = False) -> None:
-        self._source = ChunkSource(engine, store, params, retrieval, device)
+                 callback_manager: CallbackManager | None = None, verbose: bool = False,
+                 reranker: str | None = None) -> None:
+        self._source = ChunkSource(engine, store, params, retrieval, device, reranker)
         self.engine = self._source.engine
         super().__init__(callback_manager=callback_manager, verbose=verbose)
 

@@ -44,7 +44,7 @@ from qasc.kernels.reference.quantize import column_inverse, int8_products, quant
 from qasc.kernels.reference.runs import combine_keys, positions_like, region_keys, run_bounds
 from qasc.kernels.reference.seeding import percentile_seeds, percentile_threshold, similarity_ranks, top_ranked
 from qasc.kernels.reference.selection import focus_on_best, select_chunks
-from qasc.kernels.reference.signals import normalised_lexical, row_scores
+from qasc.kernels.reference.signals import normalised_lexical, rerank_scores, row_scores
 from qasc.kernels.reference.snapping import cap_breaks
 
 __all__ = [
@@ -75,6 +75,7 @@ __all__ = [
     "quantize_columns",
     "quantize_rows",
     "region_keys",
+    "rerank_scores",
     "row_scores",
     "row_top_k",
     "run_bounds",
