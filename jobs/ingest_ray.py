@@ -135,6 +135,7 @@ def run_ray(
     started = connect(ray_address, num_cpus=os.cpu_count())
     import ray
 
+    actors: list = []
     try:
         resources = ray.cluster_resources()
         gpus, cpus = int(resources.get("GPU", 0)), int(resources.get("CPU", 0))
@@ -147,8 +148,8 @@ def run_ray(
                                max_task_retries=MAX_TASK_RETRIES)(EmbedActor)
         fault_marker = os.environ.get(FAULT_MARKER_ENV)
         # the actors never read inputs: their context leaves the in-memory documents out (small, inline)
-        actors = [actor_cls.remote(replace(ctx, memory={}), max(1, cpus // workers), fault_marker)
-                  for _ in range(workers)]
+        actors += [actor_cls.remote(replace(ctx, memory={}), max(1, cpus // workers), fault_marker)
+                   for _ in range(workers)]
         splitter = ray.remote(num_cpus=1, num_returns="streaming", max_retries=0,
                               _generator_backpressure_num_objects=2 * SHARDS_AHEAD)(read_split)
         pipeline = _Pipeline(actors, ray.put(ctx), done, on_shard, on_unit, on_split)
@@ -158,6 +159,8 @@ def run_ray(
     except Exception as exc:
         _reraise(exc, "the Ray pipeline failed", "finished shards are kept")
     finally:
+        for actor in actors:  # on a cluster that outlives this job, no actor goes on writing after a failure
+            ray.kill(actor, no_restart=True)
         if started:
             ray.shutdown()
 
