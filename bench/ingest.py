@@ -4,7 +4,7 @@ Per corpus folder: the model is loaded once (timed), then a fresh in-process ing
 `qasc ingest --local`, the default on one machine, does) and reports its phases (engine.store.progress.PhaseClock:
 plan, model load, split, embed sentences / headings / passages, tables, term counts, write + checksums, commit,
 index); then the engine's embedder encodes exactly the texts that ingest embedded (the same shards from the same
-stage functions: each shard's sentences, its heading paths, its passages of more than one sentence) with the
+stage functions: each shard's sentences, its heading paths, its passages) with the
 same encode calls, timed. Rates are in model tokens (special tokens included: what the model runs on) and in
 sentences, and the ratio ingest / raw in tokens/s is the issue's target (>= 0.8). Runs alternate (ingest, raw,
 ingest, raw, ...) so load drift hits both alike; figures are medians. `--ray` adds the same ingest on a local Ray
@@ -18,6 +18,7 @@ ingest, raw, ...) so load drift hits both alike; figures are medians. `--ray` ad
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import tempfile
 import time
@@ -29,8 +30,7 @@ DATA = CHROMA.parent
 
 
 def embedded_texts(corpus: Path, work: Path) -> list[dict[str, list[str]]]:
-    """Per shard, as ingest cuts it with the default settings: {sentences, headings, passages} texts it embeds
-    (passages of one sentence take that sentence's vector, so they are not among them)."""
+    """Per shard, as ingest cuts it with the default settings: {sentences, headings, passages} texts it embeds."""
     from qasc.engine.config import EngineConfig
     from qasc.engine.passages import DEFAULT_PASSAGE_TOKENS, pack_passages
     from qasc.engine.store.ingest import DEFAULT_SHARD_CHARS, DEFAULT_UNIT_BYTES
@@ -52,7 +52,7 @@ def embedded_texts(corpus: Path, work: Path) -> list[dict[str, list[str]]]:
             for s in sents:
                 first, count = pack_passages(s.paragraph, s.n_tokens, DEFAULT_PASSAGE_TOKENS)
                 passages += [s.text[s.char_start[a]:s.char_end[a + c - 1]]
-                             for a, c in zip(first.tolist(), count.tolist(), strict=True) if c > 1]
+                             for a, c in zip(first.tolist(), count.tolist(), strict=True)]
             shards.append({"sentences": [t for s in sents for t in s.texts()],
                            "headings": shard_heading_paths(sents)[0], "passages": passages})
     return shards
@@ -180,6 +180,7 @@ def measure(args: argparse.Namespace, embedder, load_s: float, work: Path) -> di
                      "ingest tok/s": rec["ingest_tokens_per_s"], "embed tok/s": rec["embed_tokens_per_s"],
                      "ratio": rec["ratio_tokens"], **({"ray s": rec["ray_ingest_s"]} if rays else {})})
         print("phases (s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items()), flush=True)
+        print(json.dumps({"corpus_record": rec}, sort_keys=True, default=float), flush=True)  # kept if a later one dies
     info = machine_info()
     print(f"\nmedian of {args.repeats}; torch threads {info['torch_threads']}; load avg {info['load_avg']}")
     print_table(rows, list(rows[0]))

@@ -153,12 +153,9 @@ def _encode_checked(embedder, texts: list[str], label: str, what: str) -> np.nda
     return emb
 
 
-def embed_passages(sents: Sequence[Sentences], embedder, label: str, max_tokens: int,
-                   row_emb: np.ndarray | None = None) -> Passages | None:
+def embed_passages(sents: Sequence[Sentences], embedder, label: str, max_tokens: int) -> Passages | None:
     """Stage embed, passages: the shard's sentence runs (engine.passages.pack_passages, first = shard-local row)
-    in one length-sorted encode; None when max_tokens is 0 (a store without passages). row_emb (N, dim): the
-    shard's sentence vectors; a one-sentence passage is the same text as its sentence, so it takes that vector
-    instead of being embedded again (7-15% of the passages' tokens on the development corpora)."""
+    in one length-sorted encode; None when max_tokens is 0 (a store without passages)."""
     if max_tokens <= 0:
         return None
     firsts, counts, texts = [], [], []
@@ -177,15 +174,7 @@ def embed_passages(sents: Sequence[Sentences], embedder, label: str, max_tokens:
     n_tokens = (cum[first + count] - cum[first]).astype(np.int32)
     if not texts:
         return Passages(first, count, n_tokens, np.zeros((0, embedder.dim), np.float32))
-    if row_emb is None:
-        return Passages(first, count, n_tokens, _encode_checked(embedder, texts, label, "passage"))
-    emb = np.empty((len(texts), row_emb.shape[1]), np.float32)
-    alone = count == 1
-    emb[alone] = row_emb[first[alone]]
-    runs = np.flatnonzero(~alone)
-    if len(runs):
-        emb[runs] = _encode_checked(embedder, [texts[i] for i in runs.tolist()], label, "passage")
-    return Passages(first, count, n_tokens, emb)
+    return Passages(first, count, n_tokens, _encode_checked(embedder, texts, label, "passage"))
 
 
 def passage_table(passages: Passages, dim: int, dtype: str) -> pa.Table:
@@ -309,7 +298,7 @@ def embed_and_write(ctx: IngestContext, unit_id: int, k: int, docs: Sequence[Doc
     with clock("embed headings"):
         heads = embed_headings(sents, embedder, label)
     with clock("embed passages"):
-        passages = embed_passages(sents, embedder, label, ctx.passage_tokens, emb)
+        passages = embed_passages(sents, embedder, label, ctx.passage_tokens)
     return write_shard(ctx, unit_id, k, docs, sents, emb, heads, passages, clock)
 
 

@@ -156,11 +156,6 @@ def test_ingest_stores_passages_that_tile_the_rows(cat_store):
     norms = np.linalg.norm(np.asarray(p.emb, np.float32), axis=1)
     assert np.allclose(norms, 1.0, atol=1e-3)
     assert all(ok for _, ok, _ in verify_store(cat_store))
-    # a passage of one sentence is that sentence's text: it takes the sentence's vector, not a second encode
-    alone = p.count == 1
-    assert alone.any() and (~alone).any()
-    np.testing.assert_array_equal(p.emb[alone], store.embeddings[p.first[alone]])
-    assert not np.array_equal(p.emb[~alone], store.embeddings[p.first[~alone]])
 
 
 def test_budget_fill_adds_passages_up_to_the_budget(cat_store):
