@@ -64,8 +64,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     i.add_argument("--id-field", default="id", metavar="NAME", help="id column of .jsonl/.parquet inputs")
     i.add_argument("--text-field", default="text", metavar="NAME", help="text column of .jsonl/.parquet inputs")
     r = p.add_argument_group("execution")
-    r.add_argument("--local", action="store_true",
-                   help="run in this process without Ray (default: the Ray Data pipeline)")
+    mode = r.add_mutually_exclusive_group()
+    mode.add_argument("--local", action="store_true",
+                      help="run in this process without Ray (the default on one machine with one embedder)")
+    mode.add_argument("--ray", action="store_true",
+                      help="run on Ray even on one machine with one embedder (default: Ray when --workers > 1, "
+                           "--ray-address or $RAY_ADDRESS names a cluster, or under `ray job submit`)")
     r.add_argument("--ray-address", metavar="ADDR",
                    help="Ray cluster to use: 'auto' (the cluster this machine belongs to) or HOST:PORT of its head "
                         "(default: $RAY_ADDRESS, set by `ray job submit`, else a new local instance)")
@@ -104,13 +108,24 @@ def build_settings(args: argparse.Namespace):
                         read=ReadOptions(args.encoding, args.errors, args.id_field, args.text_field))
 
 
+def use_ray(args: argparse.Namespace) -> bool:
+    """Ray where it can add something: more than one embedder (--workers), a cluster to run on (--ray-address,
+    $RAY_ADDRESS, a submitted Ray job), or --ray; else (one embedder on this machine) in-process, which embeds
+    the same shards without Ray's start-up and scheduling (bench/RESULTS.md, issue 52)."""
+    from qasc.jobs.ray_session import target_address
+
+    if args.local:
+        return False
+    return args.ray or args.workers > 1 or target_address(args.ray_address) is not None
+
+
 def build_runner(args: argparse.Namespace):
-    """--local -> None (ingest's in-process runner), else the Ray Data pipeline with --workers actors."""
+    """In-process (None: ingest's LocalRunner) or the Ray pipeline with --workers actors (see `use_ray`)."""
     if args.workers < 1:
         raise QascError(f"--workers must be >= 1, got {args.workers}")
-    if args.local:
-        if args.workers > 1:
-            raise QascError(f"--workers {args.workers} needs Ray; drop --local (the local path runs one embedder)")
+    if args.local and args.workers > 1:
+        raise QascError(f"--workers {args.workers} needs Ray; drop --local (the local path runs one embedder)")
+    if not use_ray(args):
         return None
     from qasc.jobs.ingest_ray import RayRunner
 

@@ -50,7 +50,7 @@ from qasc.engine.store.manifest import (
     source_of,
     store_doc_ids,
 )
-from qasc.engine.store.progress import IngestProgress, log_stderr
+from qasc.engine.store.progress import IngestProgress, PhaseClock, log_stderr
 from qasc.engine.store.records import ReadOptions
 from qasc.engine.store.schema import MANIFEST, STORE_DTYPES
 from qasc.engine.store.stages import IngestContext, LocalRunner, ShardRunner
@@ -183,6 +183,8 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
     from qasc.engine.embedder import DEFAULT_MODEL, model_fingerprint, resolve_model_path
 
     t0 = time.perf_counter()
+    clock = PhaseClock()
+    clock.start("plan")
     log = log or log_stderr
     progress = progress or IngestProgress(log=log)
     root = Path(store).expanduser().absolute()
@@ -223,16 +225,18 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
             "units": [[asdict(s) for s in u.segments] for u in units], "first_shard": first_id}
     plan["hash"] = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
     del segments, known
+    clock.stop()
 
     if runner is None:
         if embedder is None:
             from qasc.engine.chunker import embedder_from
 
             try:
-                embedder = embedder_from(config)
+                with clock("model load"):
+                    embedder = embedder_from(config)
             except ValueError as exc:
                 raise QascError(str(exc)) from None
-        runner = LocalRunner(embedder)
+        runner = LocalRunner(embedder, clock)
     load_tokenizer(config.embedder.model)  # fail early on a bad model name, before any write
     created = old is None
     with runner.session(), locked(root):
@@ -263,7 +267,8 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
                 progress.shard_done(record["chars"], record["n_sentences"], embedded_here=local)
 
             if todo:
-                runner.run(todo, ctx, done, on_shard, staging.unit_done, progress)
+                with clock("run" if runner.mode != "local" else "read, record"):
+                    runner.run(todo, ctx, done, on_shard, staging.unit_done, progress)
             _check_finished(units, staging)
             progress.finish(len(staging.done))
             progress.close()
@@ -271,11 +276,13 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
             if len(dims) != 1:
                 raise QascError(f"embedding width {sorted(dims)} disagrees with the store's; refusing to mix models")
             dim = dims.pop()
-            records = staging.commit(first_id)
+            with clock("commit"):
+                records = staging.commit(first_id)
             all_shards = (old["shards"] if old else []) + [shard_entry(r) for r in records]
             generation = (old["generation"] if old else 0) + 1
             index_file = f"index-{generation:04d}.faiss"
-            index_entry = runner.build_index(str(root), all_shards, old, settings.index, dim, index_file, log)
+            with clock("index"):
+                index_entry = runner.build_index(str(root), all_shards, old, settings.index, dim, index_file, log)
         except ResumableError:
             progress.close()
             raise
@@ -309,7 +316,18 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
             "seconds": round(seconds, 2), "sentences_per_s": round(embedded / max(seconds, 1e-9), 1),
             "embedded": embedded, "resumed_shards": run["resumed_shards"], "mode": run["mode"],
             "store_documents": manifest["counts"]["documents"], "store_sentences": manifest["counts"]["sentences"],
-            "index": index_entry["kind"], "index_peak_rss_gb": getattr(runner, "index_peak_rss_gb", None)}
+            "index": index_entry["kind"], "index_peak_rss_gb": getattr(runner, "index_peak_rss_gb", None),
+            "phases": _phases(clock.seconds)}
+
+
+def _phases(seconds: dict[str, float]) -> dict[str, float]:
+    """The runner's phases are timed inside the local run ("read, record" holds them): that entry keeps only
+    what is left (reading, the driver's records, progress), so the phases add up to the ingest's time."""
+    out = dict(seconds)
+    inner = sum(v for k, v in out.items() if k not in ("plan", "model load", "read, record", "commit", "index"))
+    if "read, record" in out:
+        out["read, record"] = max(0.0, out["read, record"] - inner)
+    return {k: round(v, 3) for k, v in out.items()}
 
 
 def _check_finished(units: Sequence[InputUnit], staging: Staging) -> None:

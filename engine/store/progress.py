@@ -1,10 +1,12 @@
-"""Progress of an ingest: a tqdm bar (sentences, rate, ETA) on a terminal, else a log line per shard."""
+"""Progress of an ingest: a tqdm bar (sentences, rate, ETA) on a terminal, else a log line per shard; PhaseClock,
+the seconds an ingest spends per phase."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 LOG_EVERY_S = 5.0
 
@@ -92,3 +94,28 @@ class IngestProgress:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+class PhaseClock:
+    """Seconds spent per named phase, summed over calls: `with clock("embed sentences"): ...` (or start/stop
+    around a block); `seconds` maps each phase to its total. bench.ingest reads it; nothing else depends on it."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._open: tuple[str, float] | None = None
+
+    def start(self, name: str) -> None:
+        self._open = (name, time.perf_counter())
+
+    def stop(self) -> None:
+        name, t0 = self._open
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+        self._open = None
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0

@@ -32,6 +32,7 @@ from qasc.engine.store.files import ResumableError, atomic_parquet, file_digest
 from qasc.engine.store.index_build import build_index_file
 from qasc.engine.store.inputs import InputUnit, read_unit
 from qasc.engine.store.lexical import PASSAGES, ROWS, passage_texts, row_texts, terms_table
+from qasc.engine.store.progress import PhaseClock
 from qasc.engine.store.records import Document, ReadOptions
 from qasc.engine.store.schema import (
     DOCUMENT_ROW_GROUP,
@@ -231,7 +232,8 @@ def term_tables(sents: Sequence[Sentences], passages: Passages | None) -> dict[s
 
 
 def write_shard(ctx: IngestContext, unit_id: int, k: int, docs: Sequence[Document], sents: Sequence[Sentences],
-                emb: np.ndarray, headings: Headings, passages: Passages | None = None) -> dict:
+                emb: np.ndarray, headings: Headings, passages: Passages | None = None,
+                clock: PhaseClock | None = None) -> dict:
     """Stage write: the Parquet files of a shard into _staging/, each atomically -> the shard's record
     (names, counts, digests, doc_ids). The driver renames them into documents/, sentences/, headings/, lexical/
     (and passages/, passage_lexical/, when the store has passages) when it commits."""
@@ -247,8 +249,11 @@ def write_shard(ctx: IngestContext, unit_id: int, k: int, docs: Sequence[Documen
     if passages is not None and (int(passages.count.sum()) != len(emb) or len(passages.emb) != len(passages.first)):
         raise QascError(f"shard {label}: passages cover {int(passages.count.sum())} of {len(emb)} sentences, "
                         f"{len(passages.emb)} passage vectors for {len(passages.first)} passages")
-    documents, sentences, heads = shard_tables(docs, sents, emb, ctx.dtype, headings)
-    terms = term_tables(sents, passages)
+    clock = clock or PhaseClock()
+    with clock("tables"):
+        documents, sentences, heads = shard_tables(docs, sents, emb, ctx.dtype, headings)
+    with clock("term counts"):
+        terms = term_tables(sents, passages)
     name = staged_name(unit_id, k)
     record = {"unit": unit_id, "index": k, "documents": f"{STAGED_DOCUMENTS}/{name}",
               "sentences": f"{STAGED_SENTENCES}/{name}", "headings": f"{STAGED_HEADINGS}/{name}",
@@ -262,6 +267,7 @@ def write_shard(ctx: IngestContext, unit_id: int, k: int, docs: Sequence[Documen
         record[PASSAGES] = f"{STAGED_PASSAGE_LEXICAL}/{name}"
         record["n_passage_terms"] = terms[PASSAGES].num_rows
     try:
+        clock.start("write, checksums")
         atomic_parquet(documents, root / record["documents"], DOCUMENT_ROW_GROUP)
         atomic_parquet(sentences, root / record["sentences"], SENTENCE_ROW_GROUP)
         atomic_parquet(heads, root / record["headings"], HEADING_ROW_GROUP)
@@ -274,11 +280,26 @@ def write_shard(ctx: IngestContext, unit_id: int, k: int, docs: Sequence[Documen
             atomic_parquet(table, root / record[key], TERMS_ROW_GROUP)
             files.append(record[key])
         record["checksums"] = {rel: file_digest(root / rel) for rel in files}
+        clock.stop()
     except OSError as exc:
         raise ResumableError(f"cannot write shard {label} into {root}: {exc.strerror or exc}; finished shards "
                              f"are kept, run the same ingest again to resume") from None
     record["doc_ids"] = [d.doc_id for d in docs]
     return record
+
+
+def embed_and_write(ctx: IngestContext, unit_id: int, k: int, docs: Sequence[Document], sents: Sequence[Sentences],
+                    embedder, progress: Callable[[int], None] | None = None, clock: PhaseClock | None = None) -> dict:
+    """Stages embed (sentences, heading paths, passages) and write of one split shard -> its record."""
+    clock = clock or PhaseClock()
+    label = shard_label(ctx, unit_id, k)
+    with clock("embed sentences"):
+        emb = embed_shard(sents, embedder, label, progress)
+    with clock("embed headings"):
+        heads = embed_headings(sents, embedder, label)
+    with clock("embed passages"):
+        passages = embed_passages(sents, embedder, label, ctx.passage_tokens)
+    return write_shard(ctx, unit_id, k, docs, sents, emb, heads, passages, clock)
 
 
 class StageProgress(Protocol):
@@ -320,8 +341,9 @@ class LocalRunner:
     mode = "local"
     workers = 1
 
-    def __init__(self, embedder) -> None:
+    def __init__(self, embedder, clock: PhaseClock | None = None) -> None:
         self.embedder = embedder
+        self.clock = clock or PhaseClock()
 
     def session(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()
@@ -349,12 +371,10 @@ class LocalRunner:
                 n = k + 1
                 if k in skip:
                     continue
-                sents = split_shard(docs, ctx, tokenizer)
+                with self.clock("split"):
+                    sents = split_shard(docs, ctx, tokenizer)
                 progress.split(sum(len(d.text) for d in docs), sum(len(s) for s in sents))
-                label = shard_label(ctx, unit.unit_id, k)
-                emb = embed_shard(sents, self.embedder, label, progress.advance)
-                heads = embed_headings(sents, self.embedder, label)
-                passages = embed_passages(sents, self.embedder, label, ctx.passage_tokens)
-                on_shard(write_shard(ctx, unit.unit_id, k, docs, sents, emb, heads, passages))
-                del docs, sents, emb, heads, passages
+                on_shard(embed_and_write(ctx, unit.unit_id, k, docs, sents, self.embedder, progress.advance,
+                                         self.clock))
+                del docs, sents
             on_unit({"unit": unit.unit_id, "shards": n, "jsonl_counts": counts})

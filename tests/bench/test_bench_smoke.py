@@ -53,6 +53,18 @@ def test_ingest_scaling_bench():
     assert rec["rows"][0]["sentences"] > 0
 
 
+def test_ingest_bench():
+    """--quick: the demo corpus; ingest's phases and the raw encode of the same texts, one JSON record."""
+    from bench import ingest
+
+    rec = ingest.main(["--quick"])
+    corpus = rec["corpora"][0]
+    assert corpus["sentences"] > 0 and corpus["tokens"]["all"] >= corpus["tokens"]["sentences"] > 0
+    assert rec["ingest_sentences_per_s"] > 0 and rec["embed_sentences_per_s"] > 0 and rec["ratio_tokens"] > 0
+    assert {"split", "embed sentences", "embed passages", "term counts", "write, checksums", "index"} <= set(
+        corpus["phases"])
+
+
 def test_kernels_bench_time_budget():
     """--budget-s: sizes started after the budget are listed as skipped; a partial record follows each size."""
     from bench import kernels

@@ -84,3 +84,31 @@ def test_the_index_is_built_by_a_ray_task(tmp_path, ray_session, tiny_model):
     # the grown 12-row SQ8 index was retrained where the new rows fell outside its codes' range: verify passes
     for store in ("ray", "local"):
         assert all(ok for _, ok, _ in verify_store(tmp_path / store))
+
+
+def test_killed_ray_ingest_resumes_without_the_actor_warning(tmp_path, tiny_model):
+    """`qasc ingest --ray` SIGKILLed after 2 recorded shards, then the same command: it resumes and equals the
+    uninterrupted local store, and neither run prints Ray's error line about an actor created from arguments in
+    the object store (Ray Data's actor pool printed it for every ingest: its actors could not be restarted
+    safely, ray-project/ray#53727)."""
+    import signal
+
+    from tests.engine.test_ingest_resume import corpus, run_cli
+
+    src = corpus(tmp_path / "c", [f"doc{i}" for i in range(5)])
+    config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
+    ingest([str(src)], tmp_path / "reference", config, settings=IngestConfig(shard_chars=2000))
+    store = tmp_path / "store"
+    args = ["ingest", str(src), "--store", str(store), "--ray", "--model", tiny_model, "--shard-chars", "2000",
+            "--no-progress"]
+    killed = run_cli(args, failpoint="shard-written:2")
+    assert killed.returncode == -signal.SIGKILL
+    assert len(list((store / "_staging" / "shards").glob("*.json"))) == 2
+    done = run_cli(args)
+    assert done.returncode == 0, done.stderr
+    assert "2 shard(s) resumed" in done.stdout
+    for run in (killed, done):
+        assert "object store" not in run.stderr and "max_restarts" not in run.stderr, run.stderr
+    manifest = snapshot(store)
+    assert manifest["counts"]["shards"] == 5
+    assert_same_store(snapshot(tmp_path / "reference"), manifest, atol=1e-5)
