@@ -154,3 +154,26 @@ def load_value(spec: dict, folder: Path):
 def open_mapped(root: Path, manifest: dict) -> MappedArrays | None:
     """The store's mapped arrays, or None for a store written without them (it opens by reading its shards)."""
     return MappedArrays(root, manifest) if manifest.get("mapped") else None
+
+
+def mapped_problems(root: Path, manifest: dict, docs: list, emb: np.ndarray, headings: Headings) -> list[str]:
+    """`qasc verify` of the mapped arrays against what the shards hold (docs: the store's Sentences, emb (N, dim)
+    its vectors, headings: the merged heading paths, all read from the shards) -> problems (empty: none, or a store
+    without mapped arrays)."""
+    if not manifest.get("mapped"):
+        return []
+    try:
+        mapped = MappedArrays(root, manifest)
+    except (QascError, OSError, ValueError) as exc:
+        return [str(exc)]
+    problems = []
+    if not np.array_equal(mapped.vectors, emb):
+        problems.append("vectors.npy differs from the shards' embeddings")
+    for name in ROW_ARRAYS:
+        shards = headings.rows if name == "row_heading" else (
+            np.concatenate([getattr(d, name) for d in docs]) if docs else np.zeros(0))
+        if not np.array_equal(mapped.rows[name], np.asarray(shards)):
+            problems.append(f"{name}.npy differs from the shards' sentence rows")
+    if mapped.headings.paths != list(headings.paths) or not np.array_equal(mapped.headings.emb, headings.emb):
+        problems.append("heading_paths.json / heading_emb.npy differ from the shards' heading paths")
+    return [f"{mapped.entry['folder']}: {p}" for p in problems]
