@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from qasc.engine.errors import QascError
+from qasc.engine.store.manifest import shard_files
 from qasc.engine.types import Headings
 
 ROW_ARRAYS = {"char_start": np.int64, "char_end": np.int64, "paragraph": np.int32, "section": np.int32,
@@ -38,6 +39,13 @@ TABLES = "tables"
 # the code the saved tables are computed by: a change to any of these files makes them stale
 TABLE_SOURCES = ("engine/tables.py", "engine/lexical.py", "engine/signals.py", "engine/retrieval.py",
                  "engine/splitter.py", "kernels")
+
+
+def check_inside(root: Path, rel: str) -> None:
+    """QascError when a path the manifest names points outside the store (a hand-edited manifest); the mapped open
+    checks the shard files it does not read too."""
+    if ".." in Path(rel).parts or Path(rel).is_absolute():
+        raise QascError(f"{root}: the manifest points at {rel!r}, outside the store")
 
 
 def folder_name(generation: int) -> str:
@@ -71,6 +79,8 @@ class MappedArrays:
 
     def __init__(self, root: Path, manifest: dict) -> None:
         self.entry = manifest["mapped"]
+        for rel in [self.entry["folder"], *(r for shard in manifest["shards"] for r in shard_files(shard))]:
+            check_inside(root, rel)
         self.folder = root / self.entry["folder"]
         n, dim = int(manifest["counts"]["sentences"]), int(manifest["dim"])
         self.vectors = self._array("vectors.npy", (n, dim), np.dtype(manifest["dtype"]))
