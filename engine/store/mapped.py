@@ -59,7 +59,7 @@ def tables_fingerprint() -> str:
     digest = hashlib.sha256(f"{torch.__version__} {np.__version__}".encode())
     for rel in TABLE_SOURCES:
         path = root / rel
-        for file in sorted(path.glob("*.py")) if path.is_dir() else [path]:
+        for file in sorted(path.glob("*.py")) if path.is_dir() else [path] if path.is_file() else []:
             digest.update(file.name.encode() + b"\0" + file.read_bytes())
     return "tables-" + digest.hexdigest()[:16]
 
