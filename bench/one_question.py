@@ -73,7 +73,7 @@ def evict(paths: list[Path]) -> int:
     return n
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--store", required=True, help="a store written with mapped arrays")
     p.add_argument("--question", default=QUESTION)
@@ -118,13 +118,15 @@ def main(argv: list[str] | None = None) -> None:
     print_table(rows, title=f"one question, {cache} page cache, {manifest['counts']['sentences']:,} sentences")
     print(f"imports {probe['imports_s']:.2f} s ({probe['imports_cpu_s']:.2f} CPU), model load "
           f"{probe['model_load_s']:.2f} s ({probe['model_load_cpu_s']:.2f} CPU), in a fresh process")
-    emit_json({"bench": "one_question", "store": str(store), "sentences": manifest["counts"]["sentences"],
+    record = {"bench": "one_question", "store": str(store), "sentences": manifest["counts"]["sentences"],
                "cold": args.cold, "mapped_s": median(times["mapped"]), "old_s": median(times["old"]),
                "mapped_runs_s": times["mapped"], "old_runs_s": times["old"], "mapped_cpu_s": median(cpu["mapped"]),
                "old_cpu_s": median(cpu["old"]),
                "mapped_peak_rss_gb": max(peaks["mapped"]), "old_peak_rss_gb": max(peaks["old"]),
                "same_answers": outputs["mapped"] == outputs["old"], **probe, "finished": time.strftime("%F %T"),
-               **machine_info()})
+               **machine_info()}
+    emit_json(record)
+    return record
 
 
 if __name__ == "__main__":
