@@ -2,12 +2,12 @@
 
 `write_mapped(root, manifest, log)` runs after the index is built and before the manifest is written: it opens the
 store from that manifest the old way (every shard read, engine.store.reader), writes the vectors, the per-row
-arrays and the heading paths to `mapped-GGGG/`, then answers a few queries for the store's own setting and each
-preset (without a token budget: the fill's passages are not saved) through the query engine without a model, and
-saves every per-store table the engine built on the way, with the fingerprint of the code that built them. The
-same engine code computes them as a query process would, so a store opened from them answers exactly as one that
-builds them. From MAPPED_CHILD_MIN_ROWS rows on this runs in a child process (the ingest driver never holds the
-store; the child's memory is a query process's), as the index does (engine.store.index_child).
+arrays and the heading paths to `mapped-GGGG/`, then has `engine.tables.StoreTables` build the per-store tables the
+query path asks for with the store's own setting and each preset (`warm_tables`; not the budget fill's passages)
+and saves them with the fingerprint of the code that built them. The same class computes them as a query process
+would, so a store opened from them answers exactly as one that builds them. From MAPPED_CHILD_MIN_ROWS rows on
+this runs in a child process (the ingest driver never holds the store; the child's memory is a query process's),
+as the index does (engine.store.index_child).
 """
 
 from __future__ import annotations
@@ -28,31 +28,34 @@ from qasc.engine.store.index_child import CHILD, ERRORS, INDEX_CHILD_MIN_ROWS, _
 from qasc.engine.store.mapped import ROW_ARRAYS, TABLES, folder_name, save_value, tables_fingerprint
 
 MAPPED_CHILD_MIN_ROWS = INDEX_CHILD_MIN_ROWS
-WARM_QUERIES = 4  # queries per setting that make the engine build its tables
 CHILD_MAIN = [*CHILD[:2], CHILD[2].replace("index_child", "mapped_write")]
 
 
 def warm_tables(store) -> dict:
-    """The per-store tables the query engine builds for the store's own setting and each preset (no budget):
-    {(method, *args): value}, from WARM_QUERIES queries (the first rows' vectors, their texts as questions)."""
+    """The per-store tables a CPU query engine (engine.tables.StoreTables) builds for the store's own setting and
+    each preset, built by that class itself and keyed as it caches them: {(method, *args): value}. The arguments
+    are the query path's (engine.query.run_batch: block bounds by the setting's block kinds and token cap, block
+    stats per kind, neighbour dots of its max extent; the heading tables, titled rows, the BM25 index and the
+    heading paths' terms), so that a query of any of these settings finds every table it needs."""
     from qasc.engine import presets
-    from qasc.engine.query import Engine
+    from qasc.engine.tables import StoreTables
 
     config = store.config
-    engine = Engine(store, None, config, torch.device("cpu"))
-    n = min(WARM_QUERIES, len(store))
-    if n == 0:
+    tables = StoreTables(store, torch.device("cpu"))
+    if tables.n_total == 0:
         return {}
-    rows = store.embedding_rows(0, n)
-    texts = [d.text[int(a):int(b)] for d in store.docs[:n] for a, b in zip(d.char_start[:1], d.char_end[:1],
-                                                                           strict=True)]
-    texts = (texts * n)[:n]
-    settings = [(config.qasc, config.retrieval)] + [presets.apply(name, config.qasc, config.retrieval)
-                                                    for name in presets.PRESETS]
-    for params, retrieval in settings:
-        list(engine.query_columns(torch.from_numpy(rows), params.replace(budget_tokens=None), retrieval,
-                                  questions=texts))
-    return dict(engine._tables)
+    for params in [config.qasc] + [presets.apply(name, config.qasc, config.retrieval)[0] for name in presets.PRESETS]:
+        tables.block_bounds(params.block_kinds, params.max_tokens)
+        for kind in params.block_kinds:
+            tables.block_stats(kind)
+        tables.neighbour_dots(params.max_extent)
+    tables.titled_rows()
+    tables.lexical_index()
+    if tables.heading_tensors() is not None:
+        tables.heading_low()
+        tables.heading_row_dots()
+        tables.heading_terms()
+    return dict(tables._tables)
 
 
 def build_mapped(root: Path, manifest: dict) -> dict:
