@@ -285,6 +285,7 @@ def main(argv=None) -> dict:
         "query_per_s_ivf": iv["query_per_s"],
         "ivf_recall_at_depth": recall,
         "peak_rss_gb": iv["peak_rss_gb"],
+        "peak_anon_gb": max(iv["peak_anon_gb"], iv.get("stream_peak_anon_gb") or 0.0),  # sampled RssAnon, streaming too
         "rss_anon_gb": iv["rss_anon_gb"],  # after the timed ivf runs: anonymous memory ...
         "rss_file_gb": iv["rss_file_gb"],  # ... and mapped file pages (the index's lists), reclaimable
         "rss_growth_100k_queries_gb": growth_100k,
@@ -327,7 +328,8 @@ def main(argv=None) -> dict:
          "seconds": median(iv["times_s"]),
          "peak RSS GiB": iv["peak_rss_gb"],
          "note": f"recall@{iv['depth']} {recall:.4f}, nprobe {iv['nprobe']}; after the runs RSS "
-                 f"{iv['rss_anon_gb']:.2f} anonymous + {iv['rss_file_gb']:.2f} file-backed GiB"},
+                 f"{iv['rss_anon_gb']:.2f} anonymous + {iv['rss_file_gb']:.2f} file-backed GiB; anonymous peak "
+                 f"{iv['peak_anon_gb']:.2f}"},
         {"phase": "stream parquet", "queries": args.stream_queries,
          "rate/s": args.stream_queries / iv["stream_s"] if args.stream_queries else float("nan"),
          "seconds": iv.get("stream_s", float("nan")), "peak RSS GiB": iv.get("stream_rss_peak_gb", float("nan")),

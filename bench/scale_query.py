@@ -5,6 +5,7 @@ measures the RSS growth (bench.memory.PeakRss)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +18,20 @@ from bench.synthetic import noisy_queries, spread
 
 GROWTH_QUERIES = 100_000  # the issue's streamed batch: RSS growth is reported for this many queries
 API = "query_batches+ResultWriter"  # the query path timed (the JSON record's `api`)
+
+
+class AnonPeak:
+    """The process's anonymous resident memory (RssAnon), its highest value sampled every `every_s` seconds from
+    now on, by a daemon thread: `.peak` in bytes."""
+
+    def __init__(self, every_s: float = 0.02) -> None:
+        self.peak, self.every_s = proc_status("RssAnon"), every_s
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def _sample(self) -> None:
+        while True:
+            self.peak = max(self.peak, proc_status("RssAnon"))
+            time.sleep(self.every_s)
 
 
 def open_engine(store_dir: Path, exact: bool, nprobe: int | None = None):
@@ -71,6 +86,7 @@ def query_child(spec: dict) -> dict:
     if spec["threads"]:
         torch.set_num_threads(spec["threads"])
     exact = spec["mode"] == "exact"
+    anon = AnonPeak()  # the anonymous part of the peak (VmHWM counts mapped file pages too), sampled
     t0 = time.perf_counter()
     engine = open_engine(Path(spec["store"]), exact, spec.get("nprobe"))
     if spec.get("budget_tokens"):  # every query with a token budget: the budget fill (passages) runs too, on the
@@ -107,7 +123,7 @@ def query_child(spec: dict) -> dict:
     # lexical index) and file-backed (pages of mapped files: the FAISS index's lists, read where probed)
     out.update(queries=len(queries), times_s=times, rows=rows, query_per_s=len(queries) / median(times),
                peak_rss_gb=proc_status("VmHWM") / GiB, rss_anon_gb=proc_status("RssAnon") / GiB,
-               rss_file_gb=proc_status("RssFile") / GiB)
+               rss_file_gb=proc_status("RssFile") / GiB, peak_anon_gb=anon.peak / GiB)
     if spec["stream"]:
         stream_q, stream_src = noisy_queries(engine.embeddings, spec["stream"], spec["noise"], spec["seed"] + 1, scale)
         st = source_texts(engine, stream_src) if texts is not None else None
@@ -134,7 +150,8 @@ def query_child(spec: dict) -> dict:
             at_target = growth * GROWTH_QUERIES / n if method == "linear" else growth
         out.update(stream_queries=n, stream_rows=n_rows, stream_s=time.perf_counter() - t0,
                    stream_file_gb=path.stat().st_size / GiB, stream_rss_before_gb=mem.before / GiB,
-                   stream_rss_peak_gb=mem.peak / GiB, rss_growth_stream_gb=growth / GiB,
+                   stream_rss_peak_gb=mem.peak / GiB, stream_peak_anon_gb=anon.peak / GiB,
+                   rss_growth_stream_gb=growth / GiB,
                    rss_growth_after_gb=(mem.after - mem.before) / GiB, stream_hwm_reset=mem.hwm_reset,
                    stream_small_queries=small, rss_growth_small_gb=growth_small / GiB if small else None,
                    rss_growth_100k_gb=at_target / GiB, rss_growth_100k_method=method)

@@ -90,7 +90,8 @@ class StoreTables:
         self.n_tokens = as_t(cat("n_tokens"))
         del doc_of_row
         self.embeddings = store_vectors(store, device)  # (N_total, dim) float32 | float16: the store's own copy
-        self._tables: dict[tuple, object] = {}  # (table, its arguments) -> the table (`table`)
+        # (table, its arguments) -> the table (`table`); those saved at ingest to start with (engine.store.mapped)
+        self._tables: dict[tuple, object] = dict(getattr(store, "saved_tables", lambda _: {})(device))
 
     def block_keys(self, kind: str) -> torch.Tensor:
         """kind paragraph | section -> (N_total,) int64 keys, equal for the rows of one block of one document."""

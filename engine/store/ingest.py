@@ -50,6 +50,7 @@ from qasc.engine.store.manifest import (
     source_of,
     store_doc_ids,
 )
+from qasc.engine.store.mapped_write import remove_previous, write_mapped
 from qasc.engine.store.progress import IngestProgress, PhaseClock, log_stderr
 from qasc.engine.store.records import ReadOptions
 from qasc.engine.store.schema import MANIFEST, STORE_DTYPES
@@ -306,10 +307,13 @@ def _ingest(planner, store, config, settings, embedder, runner, progress, log) -
         manifest = build_manifest(old, config, name, fingerprint, dim, dtype_store, splitter_desc, all_shards,
                                   records, index_entry, index_digest["sha256"], index_digest["bytes"], generation, run,
                                   settings.to_dict())
+        with clock("mapped tables"):
+            manifest = write_mapped(root, manifest, log)  # engine.store.mapped_write: what a query maps at open
         failpoint("before-manifest")
         atomic_write(root / MANIFEST, json.dumps(manifest, indent=1).encode())
         if old and old["index"]["file"] != index_file:
             (root / old["index"]["file"]).unlink(missing_ok=True)
+        remove_previous(root, old, manifest)
         staging.finish()
     seconds = time.perf_counter() - t0
     return {"store": str(root), "documents": run["documents"], "sentences": run["sentences"],
@@ -324,7 +328,8 @@ def _phases(seconds: dict[str, float]) -> dict[str, float]:
     """The runner's phases are timed inside the local run ("read, record" holds them): that entry keeps only
     what is left (reading, the driver's records, progress), so the phases add up to the ingest's time."""
     out = dict(seconds)
-    inner = sum(v for k, v in out.items() if k not in ("plan", "model load", "read, record", "commit", "index"))
+    inner = sum(v for k, v in out.items() if k not in ("plan", "model load", "read, record", "commit", "index",
+                                                                 "mapped tables"))
     if "read, record" in out:
         out["read, record"] = max(0.0, out["read, record"] - inner)
     return {k: round(v, 3) for k, v in out.items()}

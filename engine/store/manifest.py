@@ -107,7 +107,7 @@ def existing_manifest(path: str | Path) -> dict | None:
         return read_manifest(root)
     ours = {STAGING, LOCK, *SHARD_DIRS}
     strangers = [p.name for p in root.iterdir() if p.name not in ours and not p.name.startswith(".")
-                 and not re.fullmatch(r"index-\d+\.faiss", p.name)]
+                 and not re.fullmatch(r"index-\d+\.faiss|mapped-\d+", p.name)]  # an ingest killed before its manifest
     if strangers:
         raise QascError(f"--store {root}: folder exists and is not a QASC store (no {MANIFEST}; holds "
                         f"{', '.join(sorted(strangers)[:3])}); use a new or empty folder")

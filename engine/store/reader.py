@@ -29,6 +29,7 @@ from qasc.engine.store import index as faiss_index
 from qasc.engine.store import lexical as saved_terms
 from qasc.engine.store.files import read_row_count, read_table
 from qasc.engine.store.manifest import check_sizes, read_manifest
+from qasc.engine.store.mapped import MappedArrays, open_mapped
 from qasc.engine.store.schema import (
     DOCUMENTS_SCHEMA,
     STORE_DTYPES,
@@ -106,6 +107,33 @@ def _load_shard(root: Path, shard: dict, manifest: dict, out: np.ndarray | None 
     return (docs, metadata, dt.column("source").to_pylist(), embeddings_of(st, dim, str(where), None, out),
             _load_headings(root, shard, st, dim, dtype) if has_headings else
             Headings([], np.full(st.num_rows, -1, np.int32), np.zeros((0, dim), np.float32)))
+
+
+def load_documents(root: Path, shard: dict, mapped: MappedArrays, row_start: int
+                   ) -> tuple[list[Sentences], list[dict], list[str]]:
+    """One shard's documents with their rows from the store's mapped arrays (rows row_start.. of the store) ->
+    (Sentences per document, metadata, sources): the shard's sentences table is not read. QascError naming the
+    file when the documents table is damaged or disagrees with the manifest."""
+    where = root / shard["documents"]
+    try:
+        dt = read_table(root, shard["documents"])
+        if dt.schema.names != DOCUMENTS_SCHEMA.names:
+            raise QascError(f"{where}: unexpected columns {dt.schema.names}")
+        counts = dt.column("n_sentences").to_numpy().astype(np.int64)
+        if dt.num_rows != shard["n_documents"] or int(counts.sum()) != int(shard["n_sentences"]):
+            raise QascError(f"{where}: {dt.num_rows} documents of {int(counts.sum())} sentences, the manifest says "
+                            f"{shard['n_documents']} / {shard['n_sentences']}")
+        starts = row_start + np.concatenate([[0], np.cumsum(counts)])
+        cols = {name: mapped.rows[name] for name in ("char_start", "char_end", "paragraph", "section", "n_tokens")}
+        docs = [Sentences(doc_id, text, *(cols[c][a:b] for c in cols)) for doc_id, text, a, b in zip(
+            dt.column("doc_id").to_pylist(), dt.column("text").to_pylist(), starts[:-1].tolist(),
+            starts[1:].tolist(), strict=True)]
+        metadata = [json.loads(raw) for raw in dt.column("metadata").to_pylist()]
+    except QascError:
+        raise
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError, pa.ArrowException) as exc:
+        raise QascError(f"{where}: damaged shard ({first_line(exc)}); run qasc verify") from None
+    return docs, metadata, dt.column("source").to_pylist()
 
 
 def _load_headings(root: Path, shard: dict, st: pa.Table, dim: int, dtype: str) -> Headings:
@@ -226,6 +254,7 @@ class Store:
                                      np.zeros((0, embeddings.shape[1]), np.float32))
         self.heading_paths, self.row_heading, self.heading_emb = headings
         self._passages = passages
+        self.mapped: MappedArrays | None = None  # the store's mapped arrays (Store.open sets them where saved)
 
     @classmethod
     def open(cls, path: str | Path, *, load_index: bool | str = "auto", device="cpu", nprobe: int | None = None,
@@ -266,7 +295,8 @@ class Store:
         if sum(int(s["n_sentences"]) for s in manifest["shards"]) != n:
             raise QascError(f"{root}: its shards hold {sum(s['n_sentences'] for s in manifest['shards'])} sentences, "
                             f"the manifest says {n}")
-        emb = np.empty((n, dim), np.dtype(dtype))  # the one copy: each shard's rows are written in place
+        mapped = open_mapped(root, manifest)  # saved at ingest: the vectors and row arrays are mapped, not read
+        emb = mapped.vectors if mapped else np.empty((n, dim), np.dtype(dtype))  # the one copy
         docs: list[Sentences] = []
         metadata: list[dict] = []
         sources: list[str] = []
@@ -274,8 +304,11 @@ class Store:
         heads: list[Headings] = []
         for shard in manifest["shards"]:
             rows = int(shard["n_sentences"])
-            d, m, s, _, h = load_shard(root, shard, manifest, out=emb[row : row + rows])
-            heads.append(h)
+            if mapped:  # the shard's documents only; its rows come from the mapped arrays
+                d, m, s = load_documents(root, shard, mapped, row)
+            else:  # each shard's rows written in place into the one copy
+                d, m, s, _, h = load_shard(root, shard, manifest, out=emb[row : row + rows])
+                heads.append(h)
             docs.extend(d)
             metadata.extend(m)
             sources.extend(s)
@@ -292,7 +325,17 @@ class Store:
             if kind == "ivf":  # the nprobe resolved against the lists (the store's default when None)
                 ivf = IvfSettings(int(index.nprobe), ivf.max_codes)
             index = faiss_index.to_device(index, kind, device)
-        return cls(root, manifest, docs, metadata, sources, emb, index, merge_headings(heads, dim), ivf=ivf)
+        store = cls(root, manifest, docs, metadata, sources, emb, index,
+                    mapped.headings if mapped else merge_headings(heads, dim), ivf=ivf)
+        store.mapped = mapped
+        return store
+
+    def saved_tables(self, device) -> dict:
+        """The query engine's per-store tables saved at ingest, for an engine on `device` (engine.store.mapped:
+        empty for a store without them, another device, or tables of other code): engine.tables.StoreTables
+        starts from these."""
+        mapped = getattr(self, "mapped", None)
+        return mapped.tables(device) if mapped is not None else {}
 
     @property
     def passages(self) -> Passages:

@@ -14,7 +14,8 @@ from qasc.engine.store import index as faiss_index
 from qasc.engine.store import lexical as saved_terms
 from qasc.engine.store.files import file_digest
 from qasc.engine.store.manifest import read_manifest, shard_files
-from qasc.engine.store.reader import load_passages, load_shard
+from qasc.engine.store.mapped import mapped_problems, tables_fingerprint
+from qasc.engine.store.reader import load_passages, load_shard, merge_headings
 from qasc.engine.store.schema import STAGING
 from qasc.engine.types import Sentences
 
@@ -60,6 +61,7 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
     docs: list[Sentences] = []
     embs: list[np.ndarray] = []
     head_embs: list[np.ndarray] = []
+    heads = []
     problems = []
     n_passages = 0
     per_shard = []  # (entry, its Sentences, its passages' first and count): the term counts' check
@@ -69,6 +71,7 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
             docs.extend(d)
             embs.append(e)
             head_embs.append(h.emb)
+            heads.append(h)
             passages = load_passages(root, shard, manifest, 0)
             n_passages += len(passages.first)
             per_shard.append((shard, d, passages.first, passages.count))
@@ -133,6 +136,15 @@ def verify_store(path: str | Path, *, sample: int = 2000) -> list[tuple[str, boo
     n_heads = sum(len(h) for h in head_embs)
     check("embeddings", problems, f"{len(emb)} x {dim} {manifest['dtype']} (+ {n_heads} heading paths), finite, "
                                   f"unit norm")
+
+    mapped = manifest.get("mapped")
+    problems = mapped_problems(root, manifest, docs, emb, merge_headings(heads, dim)) if loaded and mapped else []
+    if mapped and not loaded:
+        problems.append("not checked: tables unreadable")
+    current = mapped and mapped.get("tables_fingerprint") == tables_fingerprint()
+    check("mapped", problems, "none (written before mapped arrays: opened by reading the shards)" if not mapped else
+          f"{mapped['folder']}: vectors, row arrays and heading paths equal the shards'; {len(mapped['tables'])} "
+          f"saved tables" + ("" if current else " of other engine code (not used: built at first query)"))
 
     problems = []
     for shard, d, first, count in per_shard if loaded else []:

@@ -187,6 +187,15 @@ def test_scale_bench_tiny(tmp_path):
         scale.parse_args(["--budget-tokens", "-1"])
 
 
+@pytest.mark.slow
+def test_one_question_bench(demo_store):
+    """bench.one_question on the demo store: the mapped open and the old way answer alike, both timed."""
+    from bench import one_question
+
+    rec = one_question.main(["--store", str(demo_store), "--repeats", "1", "--question", "How long to proof dough?"])
+    assert rec["same_answers"] and rec["mapped_s"] > 0 and rec["old_s"] > 0 and rec["model_load_s"] > 0
+
+
 def test_ingest_memory_bench(tmp_path):
     """bench.ingest_memory: a small ivf ingest with RSS marks at every index-building step, then the peak."""
     from bench import ingest_memory

@@ -80,8 +80,8 @@ def test_sigkill_at_several_points_then_rerun(tmp_path, tiny_model, capsys):
     assert "8 shard(s) resumed" in done.stdout and "resuming, 8 finished shard(s)" in done.stderr
     assert not (store / "_staging").exists()
     assert sorted(p.name for p in store.iterdir()) == [".lock", "documents", "headings", "index-0001.faiss",
-                                                       "lexical", "manifest.json", "passage_lexical", "passages",
-                                                       "sentences"]
+                                                       "lexical", "manifest.json", "mapped-0001", "passage_lexical",
+                                                       "passages", "sentences"]
     assert_same_store(reference, snapshot(store))  # same rows, same embeddings, same index, same Parquet bytes
     assert main(["verify", "--store", str(store)]) == 0
 

@@ -70,6 +70,8 @@ def drop_term_counts(root: Path) -> None:
                 m["checksums"].pop(shard.pop(key))
         for key in ("n_terms", "n_passage_terms", "term_rule"):
             shard.pop(key, None)
+    if m.pop("mapped", None):  # nor the mapped arrays that came later (they hold the merged index)
+        m["checksums"] = {k: v for k, v in m["checksums"].items() if not k.startswith("mapped-")}
     (root / "manifest.json").write_text(json.dumps(m))
 
 
