@@ -29,6 +29,7 @@ def split_store(store: Path, out: Path, n: int) -> list[Path]:
     from qasc.engine.store.files import file_digest
     from qasc.engine.store.index_build import build_index_file
     from qasc.engine.store.manifest import read_manifest
+    from qasc.engine.store.mapped_write import write_mapped
 
     manifest = read_manifest(store)
     shards = manifest["shards"]
@@ -56,6 +57,8 @@ def split_store(store: Path, out: Path, n: int) -> list[Path]:
         index_file = "index-0001.faiss"
         own["index"] = build_index_file(part, own["shards"], None, "flat", int(manifest["dim"]), index_file)
         own["checksums"][index_file] = file_digest(part / index_file)
+        if own.pop("mapped", None) is not None:  # the store's mapped arrays are its whole rows': the part's own
+            own = write_mapped(part, own, lambda line: None)
         (part / "manifest.json").write_text(json.dumps(own, indent=1))
         paths.append(part)
     return paths

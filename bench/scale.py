@@ -167,7 +167,8 @@ def quality_check(work: Path, args: argparse.Namespace) -> dict:
         same = [(x[0].doc_id, x[0].char_start, x[0].char_end) == (y[0].doc_id, y[0].char_start, y[0].char_end)
                 if x and y else (not x and not y) for x, y in zip(a, b, strict=True)]
         out[name] = {"queries": len(q), "same_top_chunk": float(np.mean(same)),
-                     "recall_at_depth": recall_at_depth(ivf.search(q, depth).numpy(), exact.search(q, depth).numpy())}
+                     "recall_at_depth": recall_at_depth(ivf.retrieval.search(q, depth).numpy(),
+                                                        exact.retrieval.search(q, depth).numpy())}
     out["wall_s"] = time.perf_counter() - t0
     return out
 

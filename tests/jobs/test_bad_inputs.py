@@ -180,6 +180,11 @@ ELSEWHERE = {  # rows of the table covered by tests in other files
         "table-missing-column", "table-text-not-string", "table-bad-row", "table-duplicate-id", "records-not-mapping")},
     "table-id-in-store": "tests/engine/test_ingest_table.py::test_append_and_duplicates_against_the_store",
     "dataframe-unconvertible": "tests/engine/test_ingest_table.py::test_bad_dataframe",
+    **{case: "tests/jobs/test_rerank_cmd.py::test_cli_query_refuses_a_bad_reranker" for case in (
+        "reranker-missing", "reranker-file", "reranker-encoder", "reranker-offline", "rerank-top-zero",
+        "rerank-top-alone")},
+    **{case: "tests/engine/test_rerank.py::test_loader_refuses_what_is_no_cross_encoder" for case in (
+        "reranker-empty", "reranker-labels")},
 }
 API_CASES = ["nan-embeddings", "disk-full", "query-model", "store-without-manifest",  # the test functions below
              "append-to-damaged-store"]
