@@ -38,26 +38,51 @@ def _child_env() -> dict[str, str]:
     return env
 
 
+def run_in_child(command: list[str], payload: dict, prefix: str, failed: str,
+                 lost: Callable[[int], str]) -> dict:
+    """Runs `command + [spec]` (the spec: payload and the result file's path) -> the child's result, which holds
+    "entry". The child's error is raised here: QascError / ResumableError as themselves, any other as QascError
+    "{failed}: type: message"; a child that left no result (killed, out of memory) -> ResumableError(lost(its
+    exit status))."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        spec, result = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        spec.write_text(json.dumps({**payload, "result": str(result)}))
+        proc = subprocess.run([*command, str(spec)], env=_child_env(), stdin=subprocess.DEVNULL, check=False)
+        out = json.loads(result.read_text()) if result.exists() else None
+    if out is None or "entry" not in out and "error" not in out:
+        raise ResumableError(lost(proc.returncode))
+    if "error" in out:
+        err = out["error"]
+        raise ERRORS.get(err["type"], QascError)(err["message"] if err["type"] in ERRORS else
+                                                 f"{failed}: {err['type']}: {err['message']}")
+    return out
+
+
+def child_main(argv: list[str], work: Callable[[dict], dict]) -> int:
+    """A child's body: [SPEC] -> work(spec)'s result, or {"error": {"type", "message"}}, in the spec's result
+    file. Exit status 0 either way (the result file says which)."""
+    spec = json.loads(Path(argv[0]).read_text())
+    try:
+        out = work(spec)
+    except Exception as exc:  # reported to the driver, which raises it there
+        out = {"error": {"type": type(exc).__name__, "message": str(exc)}}
+    Path(spec["result"]).write_text(json.dumps(out))
+    return 0
+
+
 def build_in_child(root: str, shards: list[dict], old: dict | None, kind: str, dim: int, index_file: str,
                    log: Callable[[str], None], command: list[str] | None = None) -> tuple[dict, float | None]:
     """`build_index_file(root, shards, old, kind, dim, index_file)` in a child process -> (the manifest entry, the
     child's peak RSS in GiB or None). command: what starts the child, given the spec path after it (default CHILD:
     this interpreter)."""
     log("qasc ingest: building the index in a child process (the driver holds no index)")
-    with tempfile.TemporaryDirectory(prefix="qasc-index-") as tmp:
-        spec, result = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        spec.write_text(json.dumps({"root": str(root), "shards": shards, "old": old, "kind": kind, "dim": int(dim),
-                                    "index_file": index_file, "result": str(result)}))
-        proc = subprocess.run([*(command or CHILD), str(spec)], env=_child_env(), stdin=subprocess.DEVNULL, check=False)
-        out = json.loads(result.read_text()) if result.exists() else None
-    if out is None or "entry" not in out and "error" not in out:
-        how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited with {proc.returncode}"
-        raise ResumableError(f"the index build process {how} before it finished (out of memory?); the shards are "
-                             f"committed: run the same ingest again to resume at the index")
-    if "error" in out:
-        err = out["error"]
-        raise ERRORS.get(err["type"], QascError)(err["message"] if err["type"] in ERRORS else
-                                                 f"building the index failed: {err['type']}: {err['message']}")
+    out = run_in_child(command or CHILD, {"root": str(root), "shards": shards, "old": old, "kind": kind,
+                                          "dim": int(dim), "index_file": index_file}, "qasc-index-",
+                       "building the index failed",
+                       lambda rc: f"the index build process "
+                                  f"{f'was killed by signal {-rc}' if rc < 0 else f'exited with {rc}'} before it "
+                                  f"finished (out of memory?); the shards are committed: run the same ingest again "
+                                  f"to resume at the index")
     return out["entry"], out.get("peak_rss_gb")
 
 
@@ -67,12 +92,9 @@ def main(argv: list[str]) -> int:
     from qasc.engine.store.index_build import build_index_file
     from qasc.engine.store.progress import log_stderr
 
-    spec = json.loads(Path(argv[0]).read_text())
-    try:
+    def work(spec: dict) -> dict:
         entry = build_index_file(Path(spec["root"]), spec["shards"], spec["old"], spec["kind"], spec["dim"],
                                  spec["index_file"], log_stderr)
-        out: dict = {"entry": entry, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)}
-    except Exception as exc:  # reported to the driver, which raises it there
-        out = {"error": {"type": type(exc).__name__, "message": str(exc)}}
-    Path(spec["result"]).write_text(json.dumps(out))
-    return 0
+        return {"entry": entry, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)}
+
+    return child_main(argv, work)

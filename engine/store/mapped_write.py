@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from qasc.engine.errors import QascError
-from qasc.engine.store.files import ResumableError, file_digest
-from qasc.engine.store.index_child import CHILD, ERRORS, INDEX_CHILD_MIN_ROWS, _child_env
+from qasc.engine.store.files import file_digest
+from qasc.engine.store.index_child import CHILD, INDEX_CHILD_MIN_ROWS, child_main, run_in_child
 from qasc.engine.store.mapped import ROW_ARRAYS, TABLES, folder_name, save_value, tables_fingerprint
 
 MAPPED_CHILD_MIN_ROWS = INDEX_CHILD_MIN_ROWS
@@ -96,19 +93,10 @@ def write_mapped(root: Path, manifest: dict, log: Callable[[str], None]) -> dict
         out = build_mapped(root, manifest)
     else:
         log("qasc ingest: writing the mapped arrays and query tables in a child process")
-        with tempfile.TemporaryDirectory(prefix="qasc-mapped-") as tmp:
-            spec, result = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-            spec.write_text(json.dumps({"root": str(root), "manifest": manifest, "result": str(result)}))
-            proc = subprocess.run([*CHILD_MAIN, str(spec)], env=_child_env(), stdin=subprocess.DEVNULL, check=False)
-            out = json.loads(result.read_text()) if result.exists() else {}
-        if "error" in out:
-            err = out["error"]
-            raise ERRORS.get(err["type"], QascError)(err["message"] if err["type"] in ERRORS else
-                                                     f"writing the mapped arrays failed: {err['type']}: "
-                                                     f"{err['message']}")
-        if "entry" not in out:
-            raise ResumableError(f"the mapped arrays' process exited with {proc.returncode} before it finished (out "
-                                 f"of memory?); the shards and index are kept: run the same ingest again to resume")
+        out = run_in_child(CHILD_MAIN, {"root": str(root), "manifest": manifest}, "qasc-mapped-",
+                           "writing the mapped arrays failed",
+                           lambda rc: f"the mapped arrays' process exited with {rc} before it finished (out of "
+                                      f"memory?); the shards and index are kept: run the same ingest again to resume")
     kept = {rel: digest for rel, digest in manifest["checksums"].items() if not rel.startswith("mapped-")}
     checksums = dict(sorted({**kept, **out["files"]}.items()))  # an append's previous folder is not the store's
     return {**manifest, "mapped": out["entry"], "checksums": checksums}
@@ -124,10 +112,4 @@ def remove_previous(root: Path, old: dict | None, manifest: dict) -> None:
 def main(argv: list[str]) -> int:
     """The child: [SPEC] -> mapped-GGGG/ written, {"entry", "files"} or {"error": {"type", "message"}} in the spec's
     result file. Exit status 0 either way."""
-    spec = json.loads(Path(argv[0]).read_text())
-    try:
-        out = build_mapped(Path(spec["root"]), spec["manifest"])
-    except Exception as exc:  # reported to the driver, which raises it there
-        out = {"error": {"type": type(exc).__name__, "message": str(exc)}}
-    Path(spec["result"]).write_text(json.dumps(out))
-    return 0
+    return child_main(argv, lambda spec: build_mapped(Path(spec["root"]), spec["manifest"]))
