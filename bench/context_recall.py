@@ -41,10 +41,29 @@ VARIANTS = {
     "context": context(),
     # the knob the preset sets against the `answers` value: every pick its own chunk, picked within the margin
     "no-merge": context(merge_picks=False),
+    # no budget fill: what a store without passages answers (`qasc ingest --passage-tokens 0` skips the passages'
+    # model pass, ~45% of an ingest's model time): what the second pass buys (issue 52)
+    "no-fill": context(budget_fill=False),
+    # the fill from single sentences alone (the pre-retrieval's best rows, no passage ranked): what a fill without
+    # the passages' model pass could still do
+    "rows-fill": context(),
 }
+ROWS_ONLY = {"rows-fill"}  # variants whose passage tier ranks no passage
+
+
+def no_passages(tier, query, *args, **kwargs):
+    """PassageTier.rank stand-in: no passage for any query -> ids, scores (Q, 0)."""
+    import torch
+
+    empty = torch.zeros((query.shape[0], 0), dtype=torch.long, device=query.device)
+    return empty, empty.float()
 
 
 def main(argv=None) -> int:
+    global RANK
+    from qasc.engine.fill import PassageTier
+
+    RANK = PassageTier.rank
     from qasc.jobs.eval.qasc import chunks_to_hits, torch_threads
     from qasc.jobs.eval.scoring import score_hits
 
@@ -60,8 +79,11 @@ def main(argv=None) -> int:
     out: dict[str, dict[str, list[float]]] = {}
     recall: dict[str, dict[str, np.ndarray]] = {}
     names = args.variants.split(",")
+    from qasc.engine.fill import PassageTier
+
     for v in names:
         params, retrieval = VARIANTS[v](args.budget)
+        PassageTier.rank = no_passages if v in ROWS_ONLY else RANK
         out[v], recall[v] = {}, {}
         for name, (ds, engine, qemb) in sets.items():
             with torch_threads(1):
@@ -70,6 +92,7 @@ def main(argv=None) -> int:
             recall[v][name] = np.asarray(s["recall"], dtype=np.float64)
             out[v][name] = [round(100 * float(s["recall"].mean()), 1), round(float(s["tokens"].mean()), 1)]
             print(f"{v:<12} {name:<18} recall {out[v][name][0]:5.1f}  tokens {out[v][name][1]:6.1f}", flush=True)
+    PassageTier.rank = RANK
     first = names[0]
     for v in names[1:]:
         mean, lo, hi = paired_delta(np.concatenate([recall[first][s] for s in sets]),

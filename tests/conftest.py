@@ -24,17 +24,22 @@ REPO = Path(__file__).resolve().parents[1]
 DEMO_CORPUS = REPO / "engine" / "data" / "demo"
 CHROMA = Path(os.environ.get("QASC_CHROMA_DIR", REPO.parent / "shared" / "data" / "chroma_general"))
 
-# the modules that start Ray themselves (`ray start --head`, the README's Ray Data example in a subprocess)
+# the modules whose tests use Ray (the session's instance, or one they start themselves)
 RAY_MODULES = {"test_ingest_ray.py", "test_ray_data.py", "test_ray_job_submit.py"}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test that uses Ray runs in one pytest-xdist worker (`make test` runs `-n 2 --dist loadgroup`): one Ray
-    instance per test session, never two clusters at once on 2 cores."""
+    """Ray tests run in two pytest-xdist groups (`make test` runs `-n 2 --dist loadgroup`): `ray`, the tests on
+    this process's Ray instance (the `ray_session` fixture, started once), and `own-ray`, the tests marked
+    `own_ray` that start an instance of their own in a subprocess (`qasc ingest --ray`, the README's Ray Data
+    example, `ray start --head`). xdist hands the two largest groups to the two workers first, so the long Ray
+    work runs side by side from the start (at most two Ray instances at once) instead of in one worker's queue."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
-        if "ray_session" in getattr(item, "fixturenames", ()) or item.path.name in RAY_MODULES:
+        if item.get_closest_marker("own_ray") is not None:
+            item.add_marker(pytest.mark.xdist_group("own-ray"))
+        elif "ray_session" in getattr(item, "fixturenames", ()) or item.path.name in RAY_MODULES:
             item.add_marker(pytest.mark.xdist_group("ray"))
 
 

@@ -86,6 +86,7 @@ def test_the_index_is_built_by_a_ray_task(tmp_path, ray_session, tiny_model):
         assert all(ok for _, ok, _ in verify_store(tmp_path / store))
 
 
+@pytest.mark.own_ray
 def test_killed_ray_ingest_resumes_without_the_actor_warning(tmp_path, tiny_model):
     """`qasc ingest --ray` SIGKILLed after 2 recorded shards, then the same command: it resumes and equals the
     uninterrupted local store, and neither run prints Ray's error line about an actor created from arguments in

@@ -107,17 +107,24 @@ def test_batch_formats_ids_and_bad_batches(demo_store, cli_rows):
 
 
 def test_ray_tests_share_one_xdist_worker(request):
-    """tests/conftest.py: under `make test` (pytest-xdist) every Ray test runs in one worker, one Ray at a time."""
+    """tests/conftest.py: under `make test` (pytest-xdist) the tests on the session's Ray share one worker (one
+    instance), the ones that start their own Ray share the other group, and every other test is spread."""
     if not request.config.pluginmanager.hasplugin("xdist"):
         pytest.skip("pytest-xdist not installed")
     assert request.node.get_closest_marker("xdist_group").args == ("ray",)
     items = request.session.items  # every collected test (each worker collects them all)
+    group = {item: (m.args if (m := item.get_closest_marker("xdist_group")) else None) for item in items}
+    own = [item for item in items if item.get_closest_marker("own_ray") is not None]
+    assert len(own) >= 3 and all(group[item] == ("own-ray",) for item in own)
     with_ray = [item for item in items if "ray_session" in item.fixturenames]  # the fixture's users, in any module
-    assert all(item.get_closest_marker("xdist_group").args == ("ray",) for item in with_ray)
-    others = [item for item in items if item not in with_ray and item.path.name not in RAY_MODULES]
-    assert all(item.get_closest_marker("xdist_group") is None for item in others)  # spread over the workers
+    assert with_ray and not set(with_ray) & set(own)
+    assert all(group[item] == ("ray",) for item in with_ray)
+    others = [item for item in items if item not in with_ray and item not in own
+              and item.path.name not in RAY_MODULES]
+    assert all(group[item] is None for item in others)  # spread over the workers
 
 
+@pytest.mark.own_ray
 @pytest.mark.timeout(600)
 def test_readme_ray_data_example_runs(tmp_path):
     short = Path(tempfile.mkdtemp(prefix="qasc-rd-"))  # Ray's socket paths under TMPDIR must stay < 108 bytes

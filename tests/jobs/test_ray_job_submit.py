@@ -103,6 +103,7 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.own_ray
 def test_ray_job_submit_query_equals_local(cluster, demo_store, tmp_path):
     queries = tmp_path / "q.csv"
     queries.write_text("id,question\n" + "".join(f"q{i},{q}\n" for i, q in enumerate(QUESTIONS)))
