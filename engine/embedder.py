@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from qasc.engine.bert import load_native_bert
+
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 
 
@@ -79,11 +81,6 @@ class Embedder:
         batch_tokens: int | None = None,
         max_batch_size: int | None = None,
     ) -> None:
-        from transformers import AutoModel, AutoTokenizer
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-
         self.name = model or DEFAULT_MODEL
         self.path = resolve_model_path(model)
         self.device = resolve_device(device)
@@ -94,14 +91,41 @@ class Embedder:
         self.max_batch_size = max_batch_size or (4096 if on_gpu else 32)
         if self.batch_tokens < max_length:
             raise ValueError(f"batch_tokens ({self.batch_tokens}) must be >= max_length ({max_length})")
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(self.path)
-            self.model = AutoModel.from_pretrained(self.path, dtype=self.dtype)
-        except OSError as exc:
-            raise ValueError(f"cannot load embedding model {self.name!r} from {self.path!r}: {exc}") from exc
-        self.model.to(self.device).eval()
-        self.dim = int(self.model.config.hidden_size)
+        self._tokenizer = None  # transformers' tokenizer, loaded on first use of `tokenizer`
+        native = load_native_bert(self.path, self.device, self.dtype)  # a BERT folder: no transformers import
+        if native is not None:
+            self.model, self._native_tokenizer, config = native
+            self.dim = int(config["hidden_size"])
+            self.pad_token_id = self._native_tokenizer.pad_token_id
+        else:
+            from transformers import AutoModel
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+            self._native_tokenizer = None
+            try:
+                self.model = AutoModel.from_pretrained(self.path, dtype=self.dtype)
+            except OSError as exc:
+                raise ValueError(f"cannot load embedding model {self.name!r} from {self.path!r}: {exc}") from exc
+            self.model.to(self.device).eval()
+            self.dim = int(self.model.config.hidden_size)
+            self.pad_token_id = self.tokenizer.pad_token_id or 0
         self.fingerprint = model_fingerprint(self.path)
+
+    @property
+    def tokenizer(self):
+        """transformers' tokenizer of the model (for the callers that need its API: the token cap, the eval's
+        peers), loaded on first use; the embedder's own tokenize / count_tokens do not need it for a BERT folder."""
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+            try:
+                self._tokenizer = AutoTokenizer.from_pretrained(self.path)
+            except OSError as exc:
+                raise ValueError(f"cannot load embedding model {self.name!r} from {self.path!r}: {exc}") from exc
+        return self._tokenizer
 
     def describe(self) -> dict:
         return {"model": self.name, "fingerprint": self.fingerprint, "dim": self.dim, "normalized": True,
@@ -111,6 +135,8 @@ class Embedder:
         """texts -> token ids with special tokens, truncated to max_length."""
         if not texts:
             return []
+        if self._native_tokenizer is not None:
+            return self._native_tokenizer.ids(texts, True, self.max_length)
         enc = self.tokenizer(list(texts), add_special_tokens=True, truncation=True,
                              max_length=self.max_length, return_attention_mask=False)
         return enc["input_ids"]
@@ -119,6 +145,9 @@ class Embedder:
         """texts -> (N,) int32 content tokens (no special tokens, not truncated)."""
         if not texts:
             return np.zeros(0, dtype=np.int32)
+        if self._native_tokenizer is not None:
+            ids = self._native_tokenizer.ids(texts, False, None)
+            return np.fromiter((len(x) for x in ids), dtype=np.int32, count=len(texts))
         enc = self.tokenizer(list(texts), add_special_tokens=False, return_attention_mask=False)
         return np.fromiter((len(ids) for ids in enc["input_ids"]), dtype=np.int32, count=len(texts))
 
@@ -139,7 +168,7 @@ class Embedder:
     def pad(self, ids: list[list[int]], lengths: np.ndarray, batch: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows `batch` of `ids` -> input_ids, attention mask (B, longest) int64 on the CPU, right-padded."""
         width = int(lengths[batch].max())
-        input_ids = torch.full((len(batch), width), self.tokenizer.pad_token_id or 0, dtype=torch.long)
+        input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
         for row, i in enumerate(batch.tolist()):
             input_ids[row, : lengths[i]] = torch.tensor(ids[i])
@@ -155,7 +184,10 @@ class Embedder:
         for batch in self.batches(lengths):
             input_ids, mask = self.pad(ids, lengths, batch)
             input_ids, mask = input_ids.to(self.device), mask.to(self.device)
-            hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state  # (B, T, dim)
+            if self._native_tokenizer is not None:
+                hidden = self.model(input_ids, mask)  # (B, T, dim)
+            else:
+                hidden = self.model(input_ids=input_ids, attention_mask=mask).last_hidden_state  # (B, T, dim)
             m = mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * m).sum(1).float() / m.sum(1).float().clamp(min=1.0)
             pooled = torch.nn.functional.normalize(pooled, dim=-1)
