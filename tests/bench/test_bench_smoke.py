@@ -183,6 +183,16 @@ def test_scale_bench_tiny(tmp_path):
                          "--budget-tokens", "200"])
     assert rec["budget_tokens"] is None and budget["budget_tokens"] == 200
     assert budget["query_ivf"]["rows"] > rec["query_ivf"]["rows"]
+    # --reuse-store keeps a store whose ingest record is missing (an ingest run without this driver): no rebuild
+    manifests = list((tmp_path / "work").glob("store-*/manifest.json"))
+    assert len(manifests) == 1
+    stamp = manifests[0].stat().st_mtime_ns
+    record = manifests[0].parent.with_name(manifests[0].parent.name + ".ingest.json")
+    record.unlink()
+    kept = scale.main(["--sentences", "600", "--queries", "20", "--exact-queries", "10", "--stream-queries", "0",
+                       "--repeats", "1", "--work", str(tmp_path / "work"), "--reuse-store", "--no-quality"])
+    assert manifests[0].stat().st_mtime_ns == stamp and record.is_file()
+    assert kept["sentences"] == rec["sentences"] and kept["ingest"]["reused"]
     with pytest.raises(SystemExit):
         scale.parse_args(["--budget-tokens", "-1"])
 
