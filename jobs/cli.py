@@ -17,6 +17,7 @@ COMMANDS = {
     "eval": "evaluate QASC against baselines on a Chroma-format data set",
     "verify": "check a store's checksums, counts, index and offsets",
     "collection": "assemble existing stores into one collection, answering as one store",
+    "refresh": "save a store's query tables again with this engine's code (after an upgrade made them stale)",
 }
 
 

@@ -16,14 +16,17 @@ the generation (engine.store.mapped_write) and named by the manifest's "mapped" 
 reads only the documents' tables of the shards, so neither the sentences' Parquet files nor the term counts are read;
 `StoreTables` starts from the saved tables (`saved_tables`). The tables depend on the code that computed them: they
 are used only where the manifest's `tables_fingerprint` equals `tables_fingerprint()` (this engine's table code,
-torch and numpy versions) and the engine runs on the CPU; otherwise they are built on first use as before. A store
-without the entry (written before it) opens the old way, reading every shard.
+torch and numpy versions) and the engine runs on the CPU; otherwise they are built on first use as before (with a
+warning where the code differs: `qasc refresh` saves them again, engine.store.mapped_write.refresh_tables, into
+`mapped-GGGG/<fingerprint>/`, the entry's "tables_folder"). A store without the entry (written before it) opens the
+old way, reading every shard.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -102,11 +105,17 @@ class MappedArrays:
     def tables(self, device: torch.device) -> dict:
         """The saved tables {(method, *args): value} for an engine on `device`: empty unless it is the CPU and the
         tables were computed by this engine's code (`tables_fingerprint`)."""
-        if torch.device(device).type != "cpu" or self.entry.get("tables_fingerprint") != tables_fingerprint():
+        if torch.device(device).type != "cpu":
+            return {}
+        if self.entry.get("tables_fingerprint") != tables_fingerprint():
+            store = self.folder.parent
+            warnings.warn(f"{store}: its saved query tables were computed by other engine code; this engine builds "
+                          f"them at first use (seconds at 1M sentences): `qasc refresh --store {store}` saves them "
+                          f"again", stacklevel=2)
             return {}
         out = {}
         for item in self.entry.get("tables", []):
-            out[_key(item["key"])] = load_value(item["value"], self.folder / TABLES)
+            out[_key(item["key"])] = load_value(item["value"], self.folder / self.entry.get("tables_folder", TABLES))
         return out
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,7 +66,7 @@ def build_mapped(root: Path, manifest: dict) -> dict:
     name = folder_name(int(manifest["generation"]))
     folder = root / name
     shutil.rmtree(folder, ignore_errors=True)  # a crashed earlier try's
-    (folder / TABLES).mkdir(parents=True)
+    folder.mkdir(parents=True)
     np.save(folder / "vectors.npy", store.embeddings, allow_pickle=False)
     cat = (lambda attr: np.concatenate([getattr(d, attr) for d in store.docs])) if store.docs else (
         lambda attr: np.zeros(0))
@@ -75,14 +76,74 @@ def build_mapped(root: Path, manifest: dict) -> dict:
     (folder / "heading_paths.json").write_text(json.dumps(store.heading_paths, ensure_ascii=False), encoding="utf-8")
     np.save(folder / "heading_emb.npy", np.asarray(store.heading_emb, np.float32).reshape(-1, int(manifest["dim"])),
             allow_pickle=False)
-    tables = []
-    for i, (key, value) in enumerate(sorted(warm_tables(store).items(), key=lambda kv: repr(kv[0]))):
-        spec = save_value(value, folder / TABLES, f"{i:02d}-{key[0].strip('_')}")
-        if spec is not None:
-            tables.append({"key": list(key), "value": spec})
+    tables = save_tables(store, folder / TABLES)
     files = {str(p.relative_to(root)): file_digest(p) for p in sorted(folder.rglob("*")) if p.is_file()}
     entry = {"folder": name, "tables_fingerprint": tables_fingerprint(), "tables": tables}
     return {"entry": entry, "files": files}
+
+
+def save_tables(store, folder: Path) -> list[dict]:
+    """The store's warm tables (`warm_tables`) saved under folder (created) -> the manifest's "tables" list."""
+    folder.mkdir(parents=True)
+    tables = []
+    for i, (key, value) in enumerate(sorted(warm_tables(store).items(), key=lambda kv: repr(kv[0]))):
+        spec = save_value(value, folder, f"{i:02d}-{key[0].strip('_')}")
+        if spec is not None:
+            tables.append({"key": list(key), "value": spec})
+    return tables
+
+
+def refresh_tables(root: Path, log: Callable[[str], None]) -> dict:
+    """`qasc refresh`: the saved query tables of a committed store computed again by this engine's code, where they
+    were computed by other code (an upgrade; engine.store.mapped.tables_fingerprint), so that a query finds them
+    instead of building them. Under the writer's lock: the new tables go to `mapped-GGGG/<fingerprint>/`, the manifest
+    (its "mapped" entry and checksums) is replaced atomically, then the old tables folder is removed; an
+    interrupted refresh leaves the store as it was. Nothing else of the store changes. -> {"store", "refreshed",
+    "tables", "fingerprint", "previous", "seconds"}."""
+    import time
+
+    from qasc.engine.errors import QascError
+    from qasc.engine.store.files import atomic_write, locked
+    from qasc.engine.store.manifest import read_manifest
+    from qasc.engine.store.schema import MANIFEST
+    from qasc.engine.store.reader import Store
+    from qasc.engine.store.search import IvfSettings
+
+    t0 = time.perf_counter()
+    root = Path(root).expanduser().absolute()
+    with locked(root):
+        manifest = read_manifest(root)
+        entry = manifest.get("mapped")
+        if not entry:
+            raise QascError(f"{root} was written before mapped arrays: it has no saved tables to refresh (an "
+                            f"append with qasc ingest writes them)")
+        fingerprint = tables_fingerprint()
+        previous = entry.get("tables_fingerprint")
+        summary = {"store": str(root), "fingerprint": fingerprint, "previous": previous}
+        if previous == fingerprint:
+            return {**summary, "refreshed": False, "tables": len(entry.get("tables", [])),
+                    "seconds": round(time.perf_counter() - t0, 3)}
+        log(f"qasc refresh: computing the query tables of {manifest['counts']['sentences']:,} sentences")
+        store = Store._open(root, manifest, False, "cpu", IvfSettings(None))
+        mapped = root / entry["folder"]
+        old_sub = entry.get("tables_folder", TABLES)
+        if old_sub == fingerprint:
+            raise QascError(f"{mapped / old_sub}: the manifest's tables folder is named for this engine but "
+                            f"recorded as {previous}; run qasc verify")
+        shutil.rmtree(mapped / fingerprint, ignore_errors=True)  # a crashed earlier refresh's
+        with warnings.catch_warnings():  # the stale tables' warning, which points here
+            warnings.simplefilter("ignore", UserWarning)
+            tables = save_tables(store, mapped / fingerprint)
+        del store
+        prefix = f"{entry['folder']}/{old_sub}/"
+        checksums = {rel: d for rel, d in manifest["checksums"].items() if not rel.startswith(prefix)}
+        checksums.update({str(p.relative_to(root)): file_digest(p)
+                          for p in sorted((mapped / fingerprint).rglob("*")) if p.is_file()})
+        new_entry = {**entry, "tables_fingerprint": fingerprint, "tables": tables, "tables_folder": fingerprint}
+        atomic_write(root / MANIFEST, json.dumps({**manifest, "mapped": new_entry,
+                                                  "checksums": dict(sorted(checksums.items()))}, indent=1).encode())
+        shutil.rmtree(mapped / old_sub, ignore_errors=True)  # open readers keep their mappings of the old files
+    return {**summary, "refreshed": True, "tables": len(tables), "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def write_mapped(root: Path, manifest: dict, log: Callable[[str], None]) -> dict:

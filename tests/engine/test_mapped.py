@@ -114,11 +114,54 @@ def test_tables_of_other_code_are_built_again(mapped_store, tmp_path, monkeypatc
     m = json.loads((root / "manifest.json").read_text())
     m["mapped"]["tables_fingerprint"] = "tables-older"
     (root / "manifest.json").write_text(json.dumps(m))
-    assert Store.open(root).saved_tables("cpu") == {} and Store.open(mapped_store).saved_tables("cpu")
+    with pytest.warns(UserWarning, match="qasc refresh --store"):
+        assert Store.open(root).saved_tables("cpu") == {}
+    assert Store.open(mapped_store).saved_tables("cpu")
     built = []
     real = LexicalIndex.from_counts.__func__
     monkeypatch.setattr(LexicalIndex, "from_counts", classmethod(lambda cls, *a: built.append(1) or real(cls, *a)))
-    assert answers(root) == answers(mapped_store) and built
+    with pytest.warns(UserWarning, match="qasc refresh --store"):
+        assert answers(root) == answers(mapped_store) and built
+
+
+def test_refresh_saves_stale_tables_again(mapped_store, tmp_path, monkeypatch, capsys):
+    """`qasc refresh` on a store whose tables are of other code: the tables computed again under a folder named
+    for this engine, the manifest's entry and checksums with them, the old folder gone, verify clean, the same
+    answers with no table rebuilt at open; a second refresh has nothing to do; a store without mapped arrays is
+    refused in one line (exit 2), unchanged."""
+    from qasc.engine.store.mapped import tables_fingerprint
+    from qasc.jobs.cli import main
+
+    root = Path(shutil.copytree(mapped_store, tmp_path / "stale"))
+    m = json.loads((root / "manifest.json").read_text())
+    m["mapped"]["tables_fingerprint"] = "tables-older"
+    (root / "manifest.json").write_text(json.dumps(m))
+    assert main(["refresh", "--store", str(root)]) == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert out["refreshed"] and out["previous"] == "tables-older" and out["fingerprint"] == tables_fingerprint()
+    entry = json.loads((root / "manifest.json").read_text())["mapped"]
+    assert entry["tables_fingerprint"] == entry["tables_folder"] == tables_fingerprint()
+    assert not (root / "mapped-0001" / "tables").exists() and (root / "mapped-0001" / entry["tables_folder"]).is_dir()
+    assert [t["key"] for t in entry["tables"]] == [t["key"] for t in m["mapped"]["tables"]]
+    assert all(ok for _, ok, _ in verify_store(root))
+    expected = answers(mapped_store)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("rebuilt at open")
+
+    for owner, name in ((LexicalIndex, "build"), (LexicalIndex, "from_counts"), (tables, "neighbour_dots"),
+                        (tables, "block_stats")):
+        monkeypatch.setattr(owner, name, refuse)
+    assert answers(root) == expected
+    monkeypatch.undo()
+    assert main(["refresh", "--store", str(root)]) == 0
+    assert not json.loads(capsys.readouterr().out.splitlines()[-1])["refreshed"]
+    old = without_mapped(mapped_store, tmp_path / "old")
+    before = (old / "manifest.json").read_bytes()
+    assert main(["refresh", "--store", str(old)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no saved tables to refresh" in err[0]
+    assert (old / "manifest.json").read_bytes() == before
 
 
 def test_a_store_without_mapped_arrays_opens_and_an_append_writes_them(mapped_store, tmp_path, config):
