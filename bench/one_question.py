@@ -1,7 +1,8 @@
 """One `qasc query --question` command end to end, warm and cold, on a store opened through its mapped arrays and
 the same store opened the old way (a view of it whose manifest has no mapped arrays, as a store written before
-them): wall time, peak RSS, the same answers; and the model load's share (the imports and the model's load timed
-in a fresh process).
+them): wall time, peak RSS, the same answers; and where the time goes, step by step in a fresh process (torch's
+import, the other imports, the model load, Store.open, the engine and its first query: keys `<step>_s`, `<step>_cpu_s`;
+cold with --cold).
 
     python -m bench.one_question --store DIR [--question TEXT] [--repeats 3] [--cold]
 
@@ -30,16 +31,31 @@ QUESTION = "Which wind patterns shape the harbour's old stone lighthouse?"
 LOAD_PROBE = """
 import json, time, sys
 cpu = lambda: time.process_time()
-t0, c0 = time.perf_counter(), cpu()
-import torch, faiss, pyarrow, transformers  # noqa
+marks = [("start", time.perf_counter(), cpu())]
+mark = lambda name: marks.append((name, time.perf_counter(), cpu()))
+import torch  # noqa
+mark("torch_import")
+import faiss, pyarrow  # noqa
+import qasc.jobs.query_cmd  # noqa  (what `qasc query` imports: the engine, the store, the writers)
+from qasc.engine.config import EngineConfig
 from qasc.engine.embedder import Embedder
-t1, c1 = time.perf_counter(), cpu()
+from qasc.engine.query import Engine
+from qasc.engine.store.reader import Store
+mark("other_imports")
 m = json.load(open(sys.argv[1]))
 e = m["config"]["embedder"]
-Embedder(e.get("model"), "cpu", None, e["max_length"], e["batch_tokens"])
-t2, c2 = time.perf_counter(), cpu()
-print(json.dumps({"imports_s": t1 - t0, "model_load_s": t2 - t1, "imports_cpu_s": c1 - c0,
-                  "model_load_cpu_s": c2 - c1}))
+emb = Embedder(e.get("model"), "cpu", None, e["max_length"], e["batch_tokens"])
+mark("model_load")
+store = Store.open(sys.argv[2])
+mark("store_open")
+engine = Engine(store, emb, EngineConfig.from_dict(m["config"]), torch.device("cpu"))
+engine.query([sys.argv[3]])
+mark("first_query")
+out = {f"{b[0]}_s": b[1] - a[1] for a, b in zip(marks, marks[1:])}
+out.update({f"{b[0]}_cpu_s": b[2] - a[2] for a, b in zip(marks, marks[1:])})
+out["imports_s"] = out["torch_import_s"] + out["other_imports_s"]
+out["imports_cpu_s"] = out["torch_import_cpu_s"] + out["other_imports_cpu_s"]
+print(json.dumps(out))
 """
 
 
@@ -110,14 +126,17 @@ def main(argv: list[str] | None = None) -> dict:
                 outputs[name] = out.read_text()
         if args.cold:
             evict([model])
-        probe = json.loads(subprocess.run([sys.executable, "-c", LOAD_PROBE, str(store / "manifest.json")],
-                                          capture_output=True, text=True, check=True).stdout)
+        if args.cold:
+            evict([store])
+        probe = json.loads(subprocess.run([sys.executable, "-c", LOAD_PROBE, str(store / "manifest.json"), str(store),
+                                           args.question], capture_output=True, text=True, check=True).stdout)
     rows = [{"open": name, "median_s": median(times[name]), "runs_s": " / ".join(f"{t:.2f}" for t in times[name]),
              "cpu_s": median(cpu[name]), "peak_rss_gb": max(peaks[name])} for name in stores]
     cache = "cold" if args.cold else "warm"
     print_table(rows, title=f"one question, {cache} page cache, {manifest['counts']['sentences']:,} sentences")
-    print(f"imports {probe['imports_s']:.2f} s ({probe['imports_cpu_s']:.2f} CPU), model load "
-          f"{probe['model_load_s']:.2f} s ({probe['model_load_cpu_s']:.2f} CPU), in a fresh process")
+    print("in a fresh process, step by step: " + ", ".join(
+        f"{step} {probe[step + '_s']:.2f} s ({probe[step + '_cpu_s']:.2f} CPU)"
+        for step in ("torch_import", "other_imports", "model_load", "store_open", "first_query")))
     record = {"bench": "one_question", "store": str(store), "sentences": manifest["counts"]["sentences"],
                "cold": args.cold, "mapped_s": median(times["mapped"]), "old_s": median(times["old"]),
                "mapped_runs_s": times["mapped"], "old_runs_s": times["old"], "mapped_cpu_s": median(cpu["mapped"]),

@@ -11,8 +11,6 @@ from qasc.engine.errors import QascError
 from qasc.jobs.devices import add_device_argument
 from qasc.jobs.eval.baselines import DEFAULT_METHODS
 from qasc.jobs.eval.config import DEFAULT_CACHE_DIR, QUICK_CORPORA, EvalConfig
-from qasc.jobs.eval.harness import run_eval
-from qasc.jobs.eval.methods import check_methods
 
 DATA_ENV = "QASC_EVAL_DATA"
 
@@ -99,6 +97,8 @@ def run(args: argparse.Namespace) -> int:
     if len(set(names)) != len(names):
         raise QascError(f"data sets must have distinct folder names, got {names}")
     from qasc.jobs.eval.data import load_dataset
+    from qasc.jobs.eval.harness import run_eval  # here, not at the top: every qasc command builds this parser
+    from qasc.jobs.eval.methods import check_methods
 
     for d in dirs:  # every set read and checked (files, utf-8, rows, offsets) before the first one's work starts
         load_dataset(d)

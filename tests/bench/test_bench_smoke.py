@@ -204,6 +204,8 @@ def test_one_question_bench(demo_store):
 
     rec = one_question.main(["--store", str(demo_store), "--repeats", "1", "--question", "How long to proof dough?"])
     assert rec["same_answers"] and rec["mapped_s"] > 0 and rec["old_s"] > 0 and rec["model_load_s"] > 0
+    steps = ("torch_import", "other_imports", "model_load", "store_open", "first_query")
+    assert all(rec[f"{step}_s"] > 0 for step in steps)
 
 
 def test_ingest_memory_bench(tmp_path):
