@@ -124,7 +124,8 @@ def load_documents(root: Path, shard: dict, mapped: MappedArrays, row_start: int
             raise QascError(f"{where}: {dt.num_rows} documents of {int(counts.sum())} sentences, the manifest says "
                             f"{shard['n_documents']} / {shard['n_sentences']}")
         starts = row_start + np.concatenate([[0], np.cumsum(counts)])
-        cols = {name: mapped.rows[name] for name in ("char_start", "char_end", "paragraph", "section", "n_tokens")}
+        cols = {name: mapped.rows[name].view(np.ndarray)  # the same mapped pages; slices of a plain ndarray cost
+                for name in ("char_start", "char_end", "paragraph", "section", "n_tokens")}  # 1/3 of a memmap's
         docs = [Sentences(doc_id, text, *(cols[c][a:b] for c in cols)) for doc_id, text, a, b in zip(
             dt.column("doc_id").to_pylist(), dt.column("text").to_pylist(), starts[:-1].tolist(),
             starts[1:].tolist(), strict=True)]

@@ -284,6 +284,29 @@ def test_index_built_in_a_child_process_is_the_same(tmp_path, tiny_model, monkey
     assert resumed["resumed_shards"] > 0 and all(ok for _, ok, _ in verify_store(tmp_path / "dead"))
 
 
+@pytest.mark.slow
+def test_a_mapped_ivf_index_is_not_hashed_at_open(tmp_path, tiny_model, monkeypatch):
+    """An ivf index is mapped at open, not read: its sha256 (which would read the whole file) is left to qasc verify,
+    and its size is still checked; an index read whole (load_index on a flat store) is hashed as before."""
+    from qasc.engine.config import EmbedderConfig, EngineConfig
+
+    config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
+    corpus = write_corpus(tmp_path / "corpus")
+    ingest([str(corpus)], tmp_path / "ivf", config, IngestConfig(index="ivf"))
+    ingest([str(corpus)], tmp_path / "flat", config, IngestConfig(index="flat"))
+    hashed = []
+    real = faiss_index.file_digest
+    monkeypatch.setattr(faiss_index, "file_digest", lambda path: hashed.append(Path(path).name) or real(path))
+    store = Store.open(tmp_path / "ivf")
+    assert store.index is not None and hashed == []
+    Store.open(tmp_path / "flat", load_index=True)
+    assert hashed == [next((tmp_path / "flat").glob("index-*.faiss")).name]
+    index_file = next((tmp_path / "ivf").glob("index-*.faiss"))
+    index_file.write_bytes(index_file.read_bytes()[:-1])
+    with pytest.raises(QascError, match="truncated or replaced"):
+        Store.open(tmp_path / "ivf")
+
+
 def test_index_child_reports_errors_as_the_drivers(tmp_path):
     """A QascError raised in the child is raised in the driver with its message; other errors become QascError."""
     from qasc.engine.store import index_child
