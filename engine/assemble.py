@@ -31,23 +31,30 @@ class RowTable:
     char_start: np.ndarray
     char_end: np.ndarray
     doc_ids: list[str]
-    texts: list[str]
+    texts: Sequence[str]  # a list, or a mapped store's texts read by shard on first use (engine.store.documents)
     doc_id_array: pa.Array  # doc_ids as an Arrow string array (the doc_id column is a take() from it)
 
     @classmethod
     def from_docs(cls, docs: Sequence[Sentences]) -> RowTable:
         lengths = np.asarray([len(d) for d in docs], dtype=np.int64)
+        cat = (lambda name: np.concatenate([np.asarray(getattr(d, name)) for d in docs])) if len(docs) else (
+            lambda name: np.zeros(0, dtype=np.int64))
+        return cls.from_arrays([d.doc_id for d in docs], lengths, cat("char_start"), cat("char_end"),
+                               [d.text for d in docs])
+
+    @classmethod
+    def from_arrays(cls, doc_ids: list[str], lengths: np.ndarray, char_start: np.ndarray, char_end: np.ndarray,
+                    texts: Sequence[str]) -> RowTable:
+        """doc_ids (D), lengths (D,) each document's sentences, char_start/char_end (N,) the rows' spans, texts
+        (D) -> the table; spans int32 unless an offset reaches 2^31."""
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         if int(offsets[-1]) >= 2**31:
             raise ValueError(f"{int(offsets[-1])} sentences: RowTable holds int32 rows")
-        doc = np.repeat(np.arange(len(docs), dtype=np.int32), lengths)
-        span = np.int32 if max((len(d.text) for d in docs), default=0) < 2**31 else np.int64
-        cat = (lambda name: np.concatenate([np.asarray(getattr(d, name), dtype=span) for d in docs])) if len(
-            docs) else (lambda name: np.zeros(0, dtype=span))
-        doc_ids = [d.doc_id for d in docs]
+        doc = np.repeat(np.arange(len(doc_ids), dtype=np.int32), lengths)
+        span = np.int32 if int(np.max(char_end, initial=0)) < 2**31 else np.int64
         sent = (np.arange(int(offsets[-1]), dtype=np.int64) - offsets[doc]).astype(np.int32)
-        return cls(doc, sent, cat("char_start"), cat("char_end"), doc_ids, [d.text for d in docs],
-                   pa.array(doc_ids, pa.string()))
+        return cls(doc, sent, np.asarray(char_start, dtype=span), np.asarray(char_end, dtype=span), list(doc_ids),
+                   texts, pa.array(doc_ids, pa.string()))
 
 
 @dataclass(frozen=True)

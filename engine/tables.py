@@ -78,8 +78,9 @@ class StoreTables:
         doc_of_row = np.repeat(np.arange(len(docs), dtype=np.int64), lengths)
         if self.n_total >= 2**31:
             raise QascError(f"a store of {self.n_total} sentences: the engine's per-row arrays hold int32 rows")
-        cat = (lambda name: np.concatenate([getattr(d, name) for d in docs])) if docs else (
-            lambda name: np.zeros(0, dtype=np.int32))
+        cat = store.row_array if hasattr(store, "row_array") else (  # a Store: mapped arrays or the docs'
+            (lambda name: np.concatenate([getattr(d, name) for d in docs])) if docs else (
+                lambda name: np.zeros(0, dtype=np.int32)))
         # per-row arrays in int32 (half the bytes: 4 MB each at 1M rows); gathered per slice, then widened to int64
         as_t = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int32), device=device)  # noqa: E731
         self.doc_of_row = as_t(doc_of_row)
@@ -266,7 +267,11 @@ class StoreTables:
 
     @table
     def _row_table(self) -> RowTable:
-        return RowTable.from_docs(self.store.docs)
+        store = self.store
+        if not hasattr(store, "row_array"):  # a store-like of documents alone
+            return RowTable.from_docs(store.docs)
+        return RowTable.from_arrays(store.doc_ids, np.diff(store.doc_offsets), store.row_array("char_start"),
+                                    store.row_array("char_end"), store.doc_texts)  # texts not read here
 
     @property
     def row_tokens(self) -> np.ndarray:

@@ -95,6 +95,6 @@ class ChunkSource:
         i = self._doc_index[chunk.doc_id]
         digest = self._digests.get(i)
         if digest is None:
-            text = self.engine.store.docs[i].text
+            text = self.engine.store.doc_texts[i]  # a mapped store's: its shard's texts read on first use
             digest = self._digests[i] = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
         return str(uuid.uuid5(CHUNK_NAMESPACE, f"{digest}\x00{chunk.doc_id}\x00{chunk.char_start}\x00{chunk.char_end}"))

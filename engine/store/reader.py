@@ -12,7 +12,7 @@ Other stores are searched by FAISS (the index file mapped, not read: faiss IO_FL
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ from qasc.engine.lexical import TermCounts
 from qasc.engine.passages import Passages
 from qasc.engine.store import index as faiss_index
 from qasc.engine.store import lexical as saved_terms
+from qasc.engine.store.documents import MappedDocs, open_mapped_docs
 from qasc.engine.store.files import read_row_count, read_table
 from qasc.engine.store.manifest import check_sizes, read_manifest
 from qasc.engine.store.mapped import MappedArrays, open_mapped
@@ -107,34 +108,6 @@ def _load_shard(root: Path, shard: dict, manifest: dict, out: np.ndarray | None 
     return (docs, metadata, dt.column("source").to_pylist(), embeddings_of(st, dim, str(where), None, out),
             _load_headings(root, shard, st, dim, dtype) if has_headings else
             Headings([], np.full(st.num_rows, -1, np.int32), np.zeros((0, dim), np.float32)))
-
-
-def load_documents(root: Path, shard: dict, mapped: MappedArrays, row_start: int
-                   ) -> tuple[list[Sentences], list[dict], list[str]]:
-    """One shard's documents with their rows from the store's mapped arrays (rows row_start.. of the store) ->
-    (Sentences per document, metadata, sources): the shard's sentences table is not read. QascError naming the
-    file when the documents table is damaged or disagrees with the manifest."""
-    where = root / shard["documents"]
-    try:
-        dt = read_table(root, shard["documents"])
-        if dt.schema.names != DOCUMENTS_SCHEMA.names:
-            raise QascError(f"{where}: unexpected columns {dt.schema.names}")
-        counts = dt.column("n_sentences").to_numpy().astype(np.int64)
-        if dt.num_rows != shard["n_documents"] or int(counts.sum()) != int(shard["n_sentences"]):
-            raise QascError(f"{where}: {dt.num_rows} documents of {int(counts.sum())} sentences, the manifest says "
-                            f"{shard['n_documents']} / {shard['n_sentences']}")
-        starts = row_start + np.concatenate([[0], np.cumsum(counts)])
-        cols = {name: mapped.rows[name].view(np.ndarray)  # the same mapped pages; slices of a plain ndarray cost
-                for name in ("char_start", "char_end", "paragraph", "section", "n_tokens")}  # 1/3 of a memmap's
-        docs = [Sentences(doc_id, text, *(cols[c][a:b] for c in cols)) for doc_id, text, a, b in zip(
-            dt.column("doc_id").to_pylist(), dt.column("text").to_pylist(), starts[:-1].tolist(),
-            starts[1:].tolist(), strict=True)]
-        metadata = [json.loads(raw) for raw in dt.column("metadata").to_pylist()]
-    except QascError:
-        raise
-    except (UnicodeDecodeError, ValueError, TypeError, KeyError, pa.ArrowException) as exc:
-        raise QascError(f"{where}: damaged shard ({first_line(exc)}); run qasc verify") from None
-    return docs, metadata, dt.column("source").to_pylist()
 
 
 def _load_headings(root: Path, shard: dict, st: pa.Table, dim: int, dtype: str) -> Headings:
@@ -241,12 +214,15 @@ class Store:
                  ivf: IvfSettings | None = None) -> None:
         self.path = path
         self.manifest = manifest
-        self.docs = docs
-        self.doc_ids = [d.doc_id for d in docs]
+        self.docs = docs  # a list, or a mapped store's MappedDocs (engine.store.documents: texts read on first use)
+        lazy = isinstance(docs, MappedDocs)
+        self.doc_ids = list(docs.doc_ids) if lazy else [d.doc_id for d in docs]
+        self.doc_texts: Sequence[str] = docs.texts if lazy else [d.text for d in docs]  # (D) the documents' texts
         self.metadata = metadata
         self.sources = sources
         self.vectors = embeddings if isinstance(embeddings, torch.Tensor) else torch.from_numpy(embeddings)
-        self.doc_offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+        lengths = docs.lengths() if lazy else [len(d) for d in docs]
+        self.doc_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         self.row_doc = np.repeat(np.arange(len(docs), dtype=np.int64), np.diff(self.doc_offsets))  # (N,)
         self.index = index
         self.ivf = ivf if ivf is not None else IvfSettings(getattr(index, "nprobe", None))
@@ -303,13 +279,13 @@ class Store:
         sources: list[str] = []
         row = 0
         heads: list[Headings] = []
-        for shard in manifest["shards"]:
+        if mapped:  # the documents' ids, counts, metadata and sources; rows mapped, texts read on first use
+            docs, metadata, sources = open_mapped_docs(root, manifest["shards"], mapped.rows)
+            row = int(docs.offsets[-1])
+        for shard in manifest["shards"] if not mapped else []:  # each shard's rows written in place into one copy
             rows = int(shard["n_sentences"])
-            if mapped:  # the shard's documents only; its rows come from the mapped arrays
-                d, m, s = load_documents(root, shard, mapped, row)
-            else:  # each shard's rows written in place into the one copy
-                d, m, s, _, h = load_shard(root, shard, manifest, out=emb[row : row + rows])
-                heads.append(h)
+            d, m, s, _, h = load_shard(root, shard, manifest, out=emb[row : row + rows])
+            heads.append(h)
             docs.extend(d)
             metadata.extend(m)
             sources.extend(s)
@@ -330,6 +306,13 @@ class Store:
                     mapped.headings if mapped else merge_headings(heads, dim), ivf=ivf)
         store.mapped = mapped
         return store
+
+    def row_array(self, name: str) -> np.ndarray:
+        """(N,) one per-row array of Sentences (char_start, char_end, paragraph, section, n_tokens) over the whole
+        store in row order: the mapped array where saved, else the documents' concatenated."""
+        if isinstance(self.docs, MappedDocs):
+            return self.docs.rows[name]
+        return np.concatenate([getattr(d, name) for d in self.docs]) if self.docs else np.zeros(0, np.int64)
 
     def saved_tables(self, device) -> dict:
         """The query engine's per-store tables saved at ingest, for an engine on `device` (engine.store.mapped:

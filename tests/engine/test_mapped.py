@@ -109,6 +109,28 @@ def test_the_mapped_open_reads_no_sentences_nor_term_counts(mapped_store, monkey
     assert answers(mapped_store) == expected
 
 
+def test_the_mapped_open_reads_texts_only_where_a_chunk_needs_them(mapped_store, tmp_path):
+    """Opening reads no document's text; a query reads the texts of the shards its chunks come from and no other;
+    the documents made on access equal the old open's."""
+    from qasc.engine.store.documents import HEADER_COLUMNS
+
+    assert "text" not in HEADER_COLUMNS
+    embedder = Engine.open(str(mapped_store), device="cpu").embedder
+    store = Store.open(mapped_store)
+    shards = json.loads((mapped_store / "manifest.json").read_text())["shards"]
+    texts = store.doc_texts
+    assert texts._loaded == {} and len(shards) >= 3
+    chunks = Engine(store, embedder, store.config, torch.device("cpu")).query(["Which animals herd sheep?"])[0]
+    first = texts.first_doc  # each shard's first document
+    shard_of = {store.doc_ids[d]: i for i in range(len(shards)) for d in range(first[i], first[i + 1])}
+    assert chunks and set(texts._loaded) == {shard_of[c.doc_id] for c in chunks} and len(texts._loaded) < len(shards)
+    old = Store.open(without_mapped(mapped_store, tmp_path / "old"))
+    assert [(d.doc_id, d.text) for d in store.docs] == [(d.doc_id, d.text) for d in old.docs]
+    assert all(np.array_equal(getattr(a, c), getattr(b, c)) for a, b in zip(store.docs, old.docs, strict=True)
+               for c in ("char_start", "char_end", "paragraph", "section", "n_tokens"))
+    assert list(texts) == [d.text for d in old.docs] and store.docs[1:3][1].doc_id == old.docs[2].doc_id
+
+
 def test_tables_of_other_code_are_built_again(mapped_store, tmp_path, monkeypatch):
     root = Path(shutil.copytree(mapped_store, tmp_path / "other"))
     m = json.loads((root / "manifest.json").read_text())
