@@ -33,8 +33,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/qasc demo
 
-# pytest-xdist workers (2: the CI machine's cores; every Ray test in one of them, tests/conftest.py); pytest on
-# 2 cores took 8:25 in one process, 5:14 in two (docs/layout.md, "Development")
+# pytest-xdist workers (2: the CI machine's cores; the Ray tests in two groups, one per worker, tests/conftest.py);
+# pytest on 2 cores took 8:25 in one process, 5:14 in two (docs/layout.md, "Development")
 TEST_WORKERS ?= 2
 # the test suite runs Ray workers beside pytest on 2 cores: OpenMP threads sleep at once (jobs/env.py); the 15
 # slowest tests are listed at the end (CI's log shows where the time goes)
