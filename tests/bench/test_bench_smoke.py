@@ -245,3 +245,28 @@ def test_partitions_bench_real_model(tmp_path):
                            "--out", str(tmp_path / "parts"), "--no-alone"])
     assert rec["partitions"] == 3 and rec["identical"] == {"answers": True, "context": True}
     assert {r["run"] for r in rec["runs"]} == {"store", "collection"}
+
+
+def test_memory_limit_script():
+    """bench/memory_limit.sh: a command inside its limit runs (exit 0, its peak under the limit); one over it is
+    OOM-killed (exit 137) and says so; bad usage exits 2."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "memory_limit.sh"
+    if os.geteuid() != 0 or not (Path("/sys/fs/cgroup/memory").is_dir() or Path("/sys/fs/cgroup/cgroup.controllers")
+                                 .is_file()):
+        pytest.skip("needs root and a memory cgroup")
+    run = lambda gib, n: subprocess.run(["bash", str(script), gib, "--", sys.executable, "-c",  # noqa: E731
+                                         f"x = bytearray({n}); print(len(x))"], capture_output=True, text=True)
+    ok = run("0.5", 50_000_000)
+    if ok.returncode != 0 and "Permission denied" in ok.stderr:
+        pytest.skip("the memory cgroup is not writable here")
+    rec = json.loads(ok.stdout.splitlines()[-1])
+    assert ok.returncode == 0 and rec["rc"] == 0 and 0.04 < rec["group_peak_gib"] <= 0.5 and rec["oom_kills"] == 0
+    over = run("0.1", 400_000_000)
+    rec = json.loads(over.stdout.splitlines()[-1])
+    assert over.returncode == 137 and rec["rc"] == 137 and rec["oom_kills"] == 1
+    assert subprocess.run(["bash", str(script)], capture_output=True).returncode == 2
