@@ -105,8 +105,8 @@ def refresh_tables(root: Path, log: Callable[[str], None]) -> dict:
     from qasc.engine.errors import QascError
     from qasc.engine.store.files import atomic_write, locked
     from qasc.engine.store.manifest import read_manifest
-    from qasc.engine.store.schema import MANIFEST
     from qasc.engine.store.reader import Store
+    from qasc.engine.store.schema import MANIFEST
     from qasc.engine.store.search import IvfSettings
 
     t0 = time.perf_counter()
