@@ -124,10 +124,8 @@ def main(argv: list[str] | None = None) -> dict:
                 times[name].append(wall)
                 peaks[name].append(peak / GiB)
                 outputs[name] = out.read_text()
-        if args.cold:
-            evict([model])
-        if args.cold:
-            evict([store])
+        if args.cold:  # the probe below starts cold too
+            evict([model, store])
         probe = json.loads(subprocess.run([sys.executable, "-c", LOAD_PROBE, str(store / "manifest.json"), str(store),
                                            args.question], capture_output=True, text=True, check=True).stdout)
     rows = [{"open": name, "median_s": median(times[name]), "runs_s": " / ".join(f"{t:.2f}" for t in times[name]),

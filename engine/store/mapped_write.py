@@ -68,18 +68,21 @@ def build_mapped(root: Path, manifest: dict) -> dict:
     shutil.rmtree(folder, ignore_errors=True)  # a crashed earlier try's
     folder.mkdir(parents=True)
     np.save(folder / "vectors.npy", store.embeddings, allow_pickle=False)
-    cat = (lambda attr: np.concatenate([getattr(d, attr) for d in store.docs])) if store.docs else (
-        lambda attr: np.zeros(0))
     for key, dtype in ROW_ARRAYS.items():
-        values = store.row_heading if key == "row_heading" else cat(key)
+        values = store.row_heading if key == "row_heading" else store.row_array(key)
         np.save(folder / f"{key}.npy", np.asarray(values, dtype=dtype), allow_pickle=False)
     (folder / "heading_paths.json").write_text(json.dumps(store.heading_paths, ensure_ascii=False), encoding="utf-8")
     np.save(folder / "heading_emb.npy", np.asarray(store.heading_emb, np.float32).reshape(-1, int(manifest["dim"])),
             allow_pickle=False)
     tables = save_tables(store, folder / TABLES)
-    files = {str(p.relative_to(root)): file_digest(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+    files = folder_digests(root, folder)
     entry = {"folder": name, "tables_fingerprint": tables_fingerprint(), "tables": tables}
     return {"entry": entry, "files": files}
+
+
+def folder_digests(root: Path, folder: Path) -> dict:
+    """Every file under folder -> {its path relative to the store root: its digest}, for the manifest's checksums."""
+    return {str(p.relative_to(root)): file_digest(p) for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def save_tables(store, folder: Path) -> list[dict]:
@@ -137,8 +140,7 @@ def refresh_tables(root: Path, log: Callable[[str], None]) -> dict:
         del store
         prefix = f"{entry['folder']}/{old_sub}/"
         checksums = {rel: d for rel, d in manifest["checksums"].items() if not rel.startswith(prefix)}
-        checksums.update({str(p.relative_to(root)): file_digest(p)
-                          for p in sorted((mapped / fingerprint).rglob("*")) if p.is_file()})
+        checksums.update(folder_digests(root, mapped / fingerprint))
         new_entry = {**entry, "tables_fingerprint": fingerprint, "tables": tables, "tables_folder": fingerprint}
         atomic_write(root / MANIFEST, json.dumps({**manifest, "mapped": new_entry,
                                                   "checksums": dict(sorted(checksums.items()))}, indent=1).encode())

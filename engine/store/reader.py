@@ -282,14 +282,15 @@ class Store:
         if mapped:  # the documents' ids, counts, metadata and sources; rows mapped, texts read on first use
             docs, metadata, sources = open_mapped_docs(root, manifest["shards"], mapped.rows)
             row = int(docs.offsets[-1])
-        for shard in manifest["shards"] if not mapped else []:  # each shard's rows written in place into one copy
-            rows = int(shard["n_sentences"])
-            d, m, s, _, h = load_shard(root, shard, manifest, out=emb[row : row + rows])
-            heads.append(h)
-            docs.extend(d)
-            metadata.extend(m)
-            sources.extend(s)
-            row += rows
+        else:  # each shard's rows written in place into the one copy
+            for shard in manifest["shards"]:
+                rows = int(shard["n_sentences"])
+                d, m, s, _, h = load_shard(root, shard, manifest, out=emb[row : row + rows])
+                heads.append(h)
+                docs.extend(d)
+                metadata.extend(m)
+                sources.extend(s)
+                row += rows
         pa.default_memory_pool().release_unused()  # the shards' Arrow buffers, else kept by the allocator
         trim_heap()  # and the pages malloc keeps of the shards' other temporaries (engine.heap)
         if len(docs) != manifest["counts"]["documents"]:

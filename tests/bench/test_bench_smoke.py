@@ -270,3 +270,5 @@ def test_memory_limit_script():
     rec = json.loads(over.stdout.splitlines()[-1])
     assert over.returncode == 137 and rec["rc"] == 137 and rec["oom_kills"] == 1
     assert subprocess.run(["bash", str(script)], capture_output=True).returncode == 2
+    assert subprocess.run(["bash", str(script), "0.5", "--evict", "/no/such/folder", "--", "true"],
+                          capture_output=True).returncode == 2
