@@ -20,7 +20,7 @@ import torch
 from qasc.engine.assemble import ChunkColumns, RowTable
 from qasc.engine.lexical import LexicalIndex, TermCounts
 from qasc.engine.passages import Passages, fill_budget
-from qasc.engine.store.index import exact_topk
+from qasc.engine.store.index import exact_topk, sort_top
 from qasc.kernels.context import heading_gate
 from qasc.kernels.gather import gathered_dots
 from qasc.kernels.lexical import lexical_scores
@@ -31,6 +31,29 @@ PASSAGE_POOL = 64  # passages re-ranked per query: the best by cosine
 PASSAGE_BLOCK_ELEMENTS = 1 << 24  # cosine scan: about this many scores held at once
 HS_BLOCK_PASSAGES = 1 << 14  # passages cast to float32 at a time for their heading dots (two 24 MiB blocks)
 CONTEXT_POOL = 32  # the heading gate's pool, as for the rows (engine.query.CONTEXT_POOL)
+
+
+def passage_top_cosine(emb: torch.Tensor, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """emb (P, dim), query (Q, dim) float32, k <= P -> cos (Q, k) float32 and ids (Q, k) int64: the k best
+    passages by an exact scan (`exact_topk`, blocks of PASSAGE_BLOCK_ELEMENTS scores), their cosines then taken
+    entry by entry (`gathered_dots`: the same bits whatever else the scan held, so a collection's partitions score
+    a passage as one store does; a matrix product's bits may change with its shape), ordered by cosine descending,
+    equal ones lower id first."""
+    _, ids = exact_topk(emb, query, k, PASSAGE_BLOCK_ELEMENTS)
+    return sort_top(gathered_dots(emb, query, ids.clamp(min=0), ids >= 0), ids)
+
+
+def passage_path_dots(emb: torch.Tensor, path: torch.Tensor, heading_emb: torch.Tensor) -> torch.Tensor:
+    """emb (P, dim) passages' vectors (any float dtype), path (P,) int64 each one's heading path (-1: none),
+    heading_emb (H, dim) float32 -> (P,) float32 each passage's dot with its path's embedding (0 without one),
+    HS_BLOCK_PASSAGES passages cast to float32 at a time."""
+    hs = torch.zeros(path.shape[0], device=heading_emb.device)
+    ok = path >= 0
+    for lo in range(0, path.shape[0], HS_BLOCK_PASSAGES):
+        hi = min(lo + HS_BLOCK_PASSAGES, path.shape[0])
+        hs[lo:hi] = gathered_dots(heading_emb, emb[lo:hi].float(), path[lo:hi].clamp(min=0)[:, None],
+                                  ok[lo:hi, None])[:, 0]
+    return hs
 
 
 class PassageTier:
@@ -45,12 +68,15 @@ class PassageTier:
 
     def __init__(self, passages: Passages, texts: Sequence[str] | Callable[[], Iterable[str]], device: torch.device,
                  headings: tuple[torch.Tensor, ...] | None, heading_paths: Sequence[str] = (),
-                 counts: Callable[[], Iterable[TermCounts] | None] | None = None) -> None:
+                 counts: Callable[[], Iterable[TermCounts] | None] | None = None, partitions=None) -> None:
         self.device = device
         self.first = torch.as_tensor(np.asarray(passages.first, np.int64), device=device)
         self.count = np.asarray(passages.count, np.int64)
         self.count_t = torch.as_tensor(self.count, device=device)
-        self.emb = torch.as_tensor(np.asarray(passages.emb), device=device)
+        # a collection served by its partitions (engine.partition.PartitionedVectors) keeps the passages' vectors
+        # there: the cosine scan and the heading dots are theirs
+        self.partitions = partitions
+        self.emb = torch.as_tensor(np.asarray(passages.emb), device=device) if partitions is None else None
         self._texts = texts
         self._counts = counts
         n = len(self.count)
@@ -59,11 +85,8 @@ class PassageTier:
         if headings is not None and n:
             heading_emb, row_heading = headings[0], headings[1]
             self.path = row_heading[self.first]
-            ok = self.path >= 0
-            for lo in range(0, n, HS_BLOCK_PASSAGES):  # float32 copies of a block of passages at a time
-                hi = min(lo + HS_BLOCK_PASSAGES, n)
-                self.hs[lo:hi] = gathered_dots(heading_emb, self.emb[lo:hi].float(),
-                                               self.path[lo:hi].clamp(min=0)[:, None], ok[lo:hi, None])[:, 0]
+            self.hs = (passage_path_dots(self.emb, self.path, heading_emb) if partitions is None else
+                       partitions.passage_path_dots(heading_emb, self.path))
         self._lexical: LexicalIndex | None = None
         self.heading_paths = list(heading_paths)  # (H,) the paths' texts: their terms leave the lexical signal
         self._heading_terms: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -88,7 +111,9 @@ class PassageTier:
     def top_cosine(self, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """query (Q, dim) float32, k <= P -> cos (Q, k) float32 descending and ids (Q, k) int64: the k best passages
         (`engine.store.index.exact_topk`: blocked, equal scores lower id first)."""
-        return exact_topk(self.emb, query, k, PASSAGE_BLOCK_ELEMENTS)
+        if self.partitions is not None:
+            return self.partitions.passage_topk(query, k)
+        return passage_top_cosine(self.emb, query, k)
 
     def rank(self, query: torch.Tensor, params: QascParams, questions: Sequence[str] | None,
              heading_emb: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -81,10 +81,12 @@ class Engine:
     (`run_batch`), the slice loop (`query_columns`) and the entry points."""
 
     def __init__(self, store, embedder: Embedder, config: EngineConfig, device: torch.device,
-                 searcher=None) -> None:
-        self.tables = StoreTables(store, device)
+                 searcher=None, partitions=None) -> None:
+        self.tables = StoreTables(store, device, partitions)
         self.signals = RowSignals(self.tables)
-        self.retrieval = Retrieval(self.signals, searcher if searcher is not None else StoreSearch(store, device))
+        if searcher is None:
+            searcher = partitions.search if partitions is not None else StoreSearch(store, device)
+        self.retrieval = Retrieval(self.signals, searcher)
         self.embedder = embedder
         self.config = config
         self.reranker: Reranker | None = None  # the rerank stage (engine.rerank), off by default
@@ -120,10 +122,14 @@ class Engine:
     @classmethod
     def open(cls, store_dir: str, config: EngineConfig | None = None, device: str = "auto",
              nprobe: int | None = None, ivf: IvfSettings | None = None, reranker: str | None = None,
-             rerank_top: int = RERANK_TOP) -> Engine:
+             rerank_top: int = RERANK_TOP, partitions=None) -> Engine:
         """Open a store; the embedding model is the one recorded in its manifest (a mismatch is refused).
         reranker: a cross-encoder's folder or hub name for the rerank stage (engine.rerank; its `rerank_top`
         best candidates a query), loaded before the store (a bad one fails first).
+
+        A collection (engine.store.collection) opens as one store whose vectors stay with its partitions
+        (engine.partition): served in this process, or by `partitions` (a function of the opened collection view
+        -> engine.partition.PartitionedVectors; jobs.query_partitions serves them on Ray actors).
 
         ivf: how an ivf store is searched (engine.store.search.IvfSettings: nprobe, max_codes; default the
         store's, docs/store.md "Indexes"); nprobe: the same as ivf=IvfSettings(nprobe) (either, not both)."""
@@ -148,7 +154,11 @@ class Engine:
 
             if nprobe is not None or (ivf is not None and ivf != IvfSettings()):
                 raise QascError(f"{root} is a collection, searched exactly: nprobe / ivf settings do not apply")
-            store = open_collection(root)  # docs/collections.md
+            from qasc.engine.partition import local_partitions
+
+            # the collection-wide view here, each partition's vectors with its server (docs/collections.md)
+            store = open_collection(root, vectors=False)
+            partitions = (partitions or local_partitions)(store, dev)
         else:
             store = Store.open(store_dir, device=dev, nprobe=nprobe, ivf=ivf)  # the FAISS index follows the device
         emb_cfg = stored.embedder
@@ -160,7 +170,7 @@ class Engine:
                 f"store {store_dir} holds {store.manifest['dim']}-d vectors of model fingerprint "
                 f"{store.manifest.get('fingerprint')}; the loaded model gives {embedder.dim}-d, {embedder.fingerprint}"
             )
-        engine = cls(store, embedder, config, dev)
+        engine = cls(store, embedder, config, dev, partitions=partitions if collection else None)
         engine.reranker = rerank
         return engine
 

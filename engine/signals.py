@@ -47,6 +47,8 @@ class RowSignals:
         Only the valid entries' vectors are gathered (padding costs nothing), GATHER_BLOCK_ELEMENTS floats at a
         time, in the store's dtype and then cast to float32, so memory stays bounded whatever Q is."""
         query = query_emb.to(device=self.tables.device, dtype=torch.float32)
+        if self.tables.partitions is not None:  # a collection: each row's dot where its vector is
+            return self.tables.partitions.dots(query, rows, valid)
         return gathered_dots(self.tables.embeddings, query, rows, valid)
 
     def heading_sims(self, query: torch.Tensor, path: torch.Tensor) -> torch.Tensor:

@@ -49,6 +49,20 @@ def store_vectors(store, device: torch.device) -> torch.Tensor:
     return emb.to(device)
 
 
+def row_path_dots(embeddings: torch.Tensor, heading_emb: torch.Tensor, row_heading: torch.Tensor) -> torch.Tensor:
+    """embeddings (N, dim) any float dtype, heading_emb (H, dim) float32, row_heading (N,) int64 (-1: none) ->
+    (N,) float32 each row's dot product with its heading path's embedding (0 without one), STATS_BLOCK_ROWS rows
+    cast to float32 at a time."""
+    n = embeddings.shape[0]
+    dots = torch.zeros(n, dtype=torch.float32, device=heading_emb.device)
+    for lo in range(0, n, STATS_BLOCK_ROWS):
+        hi = min(lo + STATS_BLOCK_ROWS, n)
+        path = row_heading[lo:hi]
+        part = (embeddings[lo:hi].float() * heading_emb[path.clamp(min=0)]).sum(dim=1)
+        dots[lo:hi] = torch.where(path >= 0, part, torch.zeros_like(part))
+    return dots
+
+
 def table(method):
     """The one caching rule: a table of the store (and of its arguments) is built on first use and kept for the
     engine's life, in the instance's `_tables` under (method name, arguments); the build's freed temporaries are
@@ -68,9 +82,12 @@ def table(method):
 class StoreTables:
     """A store's tables for querying (see the module docstring): `StoreTables(store, device)`."""
 
-    def __init__(self, store, device: torch.device) -> None:
+    def __init__(self, store, device: torch.device, partitions=None) -> None:
         self.store = store
         self.device = device
+        # a collection served by its partitions (engine.partition.PartitionedVectors): the vectors and the tables
+        # made from them stay with the partitions; None: the store's own vectors
+        self.partitions = partitions
         docs: Sequence[Sentences] = store.docs
         offsets = np.asarray(store.doc_offsets, dtype=np.int64)
         self.n_total = int(offsets[-1])
@@ -90,7 +107,8 @@ class StoreTables:
         self.section = as_t(cat("section"))
         self.n_tokens = as_t(cat("n_tokens"))
         del doc_of_row
-        self.embeddings = store_vectors(store, device)  # (N_total, dim) float32 | float16: the store's own copy
+        # (N_total, dim) float32 | float16: the store's own copy (None for a collection served by its partitions)
+        self.embeddings = store_vectors(store, device) if partitions is None else None
         # (table, its arguments) -> the table (`table`); those saved at ingest to start with (engine.store.mapped)
         self._tables: dict[tuple, object] = dict(getattr(store, "saved_tables", lambda _: {})(device))
 
@@ -134,6 +152,8 @@ class StoreTables:
 
         Computed over row blocks cut at block boundaries, each cast to float32, so a float16 store gets float32
         sums and the temporary memory stays at about STATS_BLOCK_ROWS rows."""
+        if self.partitions is not None:
+            return self.partitions.block_stats(kind)
         keys = self.block_keys(kind)
         n = keys.shape[0]
         sizes = torch.zeros(n, dtype=torch.int32, device=self.device)
@@ -156,6 +176,8 @@ class StoreTables:
 
         Computed over row blocks (plus the width-1 rows after each) cast to float32, so a float16 store gets
         float32 dots and the temporary memory stays at about STATS_BLOCK_ROWS rows."""
+        if self.partitions is not None:
+            return self.partitions.neighbour_dots(width)
         n = self.embeddings.shape[0]
         dots = torch.zeros((n, width), dtype=torch.float32, device=self.device)
         for lo in range(0, n, STATS_BLOCK_ROWS):
@@ -170,14 +192,9 @@ class StoreTables:
         a heading); query independent, computed once and kept (blocks of STATS_BLOCK_ROWS rows cast to float32).
         Needs heading paths (`heading_tensors`)."""
         heading_emb, row_heading = self.heading_tensors()[:2]
-        n = self.embeddings.shape[0]
-        dots = torch.zeros(n, dtype=torch.float32, device=self.device)
-        for lo in range(0, n, STATS_BLOCK_ROWS):
-            hi = min(lo + STATS_BLOCK_ROWS, n)
-            path = row_heading[lo:hi]
-            part = (self.embeddings[lo:hi].float() * heading_emb[path.clamp(min=0)]).sum(dim=1)
-            dots[lo:hi] = torch.where(path >= 0, part, torch.zeros_like(part))
-        return dots
+        if self.partitions is not None:
+            return self.partitions.heading_row_dots(heading_emb)
+        return row_path_dots(self.embeddings, heading_emb, row_heading)
 
     @table
     def heading_tensors(self) -> tuple[torch.Tensor, ...] | None:
@@ -258,7 +275,7 @@ class StoreTables:
 
         return PassageTier(passages, texts, self.device, self.heading_tensors(),
                            list(getattr(self.store, "heading_paths", [])),
-                           counts=getattr(self.store, "passage_term_counts", None))
+                           counts=getattr(self.store, "passage_term_counts", None), partitions=self.partitions)
 
     @property
     def row_table(self) -> RowTable:

@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "implies --ray; default: RAY_ADDRESS, else the cluster of a `ray job submit` job, else a "
                    "local Ray instance")
     p.add_argument("--workers", type=int, default=None,
-                   help=f"Ray query actors (each opens the store once; default {DEFAULT_WORKERS}); needs --ray")
+                   help=f"Ray query actors (each opens the store once; default {DEFAULT_WORKERS}); for a collection, "
+                   "the actors its partitions are dealt to (default one per partition); needs --ray")
     advanced.add_argument("--nprobe", type=int, default=None,
                           help="ivf stores: inverted lists probed per query (default: the store's, at least 1/16 of "
                                "its lists and 16; more = higher recall, slower); local path only")
@@ -225,7 +226,13 @@ def run(args: argparse.Namespace) -> int:
     writer = ResultWriter(args.out, reranked=args.reranker is not None) if args.out else None
     print(f"qasc query: {describe(preset, params, retrieval)}", file=sys.stderr)
     started = time.perf_counter()
-    if ray:
+    if ray and is_collection(args.store):  # its partitions on actors, the engine in this process
+        from qasc.jobs.query_partitions import run_collection_job
+
+        batches = run_collection_job(args.store, ids, questions, params, retrieval, workers=args.workers,
+                                     ray_address=args.ray_address, device=args.device, slice_size=args.batch_size,
+                                     reranker=args.reranker, rerank_top=rerank_top)
+    elif ray:
         from qasc.jobs.query_ray import run_query_job
 
         batches = run_query_job(args.store, ids, questions, params, retrieval, workers=workers,

@@ -24,19 +24,31 @@ def gathered_dots(table: torch.Tensor, query: torch.Tensor, index: torch.Tensor,
     elsewhere. Invalid entries are never read (their index may be anything); the valid ones are gathered
     about `block_elements` table elements at a time (None: GATHER_BLOCK_ELEMENTS on CPU, GATHER_BLOCK_ELEMENTS_CUDA
     elsewhere), so memory does not grow with Q or with the padding."""
-    if block_elements is None:
-        block_elements = GATHER_BLOCK_ELEMENTS if table.device.type == "cpu" else GATHER_BLOCK_ELEMENTS_CUDA
     q, length = index.shape
     out = torch.zeros((q, length), dtype=torch.float32, device=query.device)
     if q == 0 or length == 0:
         return out
     who, col = valid.nonzero(as_tuple=True)  # (E,) entries grouped by query, row-major
+    out[who, col] = entry_dots(table, query, who, index[who, col], block_elements)
+    return out
+
+
+def entry_dots(table: torch.Tensor, query: torch.Tensor, who: torch.Tensor, index: torch.Tensor,
+               block_elements: int | None = None) -> torch.Tensor:
+    """table (N, D) any float dtype, query (Q, D) float32, who (E,) int64 query of each entry, index (E,) int64
+    table row of each entry -> (E,) float32: query[who[e]] . table[index[e]] (the row cast to float32), gathered
+    about `block_elements` table elements at a time (None: as `gathered_dots`). Each entry's value is its own
+    product and row sum, whatever the other entries: a partition that holds a row computes the same bits for it
+    as one store of all rows (engine.partition)."""
+    if block_elements is None:
+        block_elements = GATHER_BLOCK_ELEMENTS if table.device.type == "cpu" else GATHER_BLOCK_ELEMENTS_CUDA
+    out = torch.zeros(who.shape[0], dtype=torch.float32, device=query.device)
     step = max(1, block_elements // max(table.shape[1], 1))
     for lo in range(0, who.numel(), step):
-        a, b = who[lo : lo + step], col[lo : lo + step]
-        rows = table.index_select(0, index[a, b]).float()  # (e, D): a new tensor (index_select copies)
+        a = who[lo : lo + step]
+        rows = table.index_select(0, index[lo : lo + step]).float()  # (e, D): a new tensor (index_select copies)
         # an elementwise product and a row sum: 2x a batch of (1, D) x (D, 1) bmm products on CPU
-        out[a, b] = rows.mul_(query.index_select(0, a)).sum(1)
+        out[lo : lo + step] = rows.mul_(query.index_select(0, a)).sum(1)
     return out
 
 

@@ -13,8 +13,10 @@ when the rows' vectors are the same (docs/collections.md, "Where it is exact").
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+import torch
 
 from qasc.engine.errors import QascError, first_line
 from qasc.engine.passages import Passages
@@ -46,11 +48,24 @@ def open_partitions(root: Path, manifest: dict, order: np.ndarray, device="cpu")
     return parts
 
 
+class CollectionLayout(NamedTuple):
+    """Where a collection's rows, heading paths and passages live: per partition (None entries for a partition
+    with no documents), its folder, its local row i's global row (part_rows[p][i], increasing), its local heading
+    path's global id and its local passage's global id."""
+
+    paths: list[Path]
+    part_rows: list[np.ndarray]  # (N_p,) int64
+    path_ids: list[np.ndarray]  # (H_p,) int64
+    passage_ids: list[np.ndarray]  # (P_p,) int64
+    held: list[bool]  # the partitions that hold documents
+
+
 def global_headings(docs, parts: list[Store | None], row_part: np.ndarray, part_rows: list[np.ndarray],
-                    doc_part: np.ndarray, dim: int) -> Headings:
+                    doc_part: np.ndarray, dim: int) -> tuple[Headings, list[np.ndarray]]:
     """The heading paths numbered as one store numbers them: by first appearance over the documents in global
     order (each document's own paths in order of appearance); each path's vector from the partition of the
-    document where it first appears; rows (N,) int32 global path ids."""
+    document where it first appears; rows (N,) int32 global path ids. Also each partition's local path ids ->
+    global ids (empty for a partition without documents)."""
     from qasc.engine.splitter import heading_paths
 
     ids: dict[str, int] = {}
@@ -62,33 +77,49 @@ def global_headings(docs, parts: list[Store | None], row_part: np.ndarray, part_
                 first_part.append(int(doc_part[d]))
     emb = np.zeros((len(ids), dim), np.float32)
     rows = np.full(len(row_part), -1, np.int32)
+    remaps = []
     for p, part in enumerate(parts):
         if part is None:
+            remaps.append(np.zeros(0, np.int64))
             continue
         remap = np.asarray([ids[t] for t in part.heading_paths] + [-1], np.int32)
+        remaps.append(remap[:-1].astype(np.int64))
         rows[part_rows[p]] = remap[part.row_heading]
         for local, text in enumerate(part.heading_paths):
             if first_part[ids[text]] == p:
                 emb[ids[text]] = part.heading_emb[local]
-    return Headings(list(ids), rows, emb)
+    return Headings(list(ids), rows, emb), remaps
 
 
-def global_passages(parts: list[Store | None], part_rows: list[np.ndarray], dim: int, dtype: str) -> Passages:
-    """Every partition's passages with global first rows, in row order (as one store lists them)."""
-    got = [(part.passages, part_rows[p]) for p, part in enumerate(parts) if part is not None]
-    got = [(ps, rows) for ps, rows in got if len(ps.first)]
+def global_passages(parts: list[Store | None], part_rows: list[np.ndarray], dim: int, dtype: str,
+                    vectors: bool = True) -> tuple[Passages, list[np.ndarray]]:
+    """Every partition's passages with global first rows, in row order (as one store lists them), and each
+    partition's local passage ids -> global ids. vectors False: the passages' vectors are left with the
+    partitions (a zero-stride (P, dim) placeholder)."""
+    got = [(p, part.passages, part_rows[p]) for p, part in enumerate(parts) if part is not None]
+    got = [(p, ps, rows) for p, ps, rows in got if len(ps.first)]
+    ids = [np.zeros(0, np.int64) for _ in parts]
     if not got:
-        return Passages.empty(dim)
-    first = np.concatenate([rows[ps.first] for ps, rows in got]).astype(np.int64)
+        return Passages.empty(dim), ids
+    first = np.concatenate([rows[ps.first] for _, ps, rows in got]).astype(np.int64)
     order = np.argsort(first, kind="stable")
-    emb = np.concatenate([np.asarray(ps.emb).astype(dtype, copy=False) for ps, _ in got])[order]
-    return Passages(first[order], np.concatenate([ps.count for ps, _ in got])[order],
-                    np.concatenate([ps.n_tokens for ps, _ in got])[order], emb)
+    rank = np.empty_like(order)
+    rank[order] = np.arange(len(order))
+    at = 0
+    for p, ps, _ in got:
+        ids[p] = rank[at : at + len(ps.first)].astype(np.int64)
+        at += len(ps.first)
+    emb = (np.concatenate([np.asarray(ps.emb).astype(dtype, copy=False) for _, ps, _ in got])[order] if vectors
+           else np.broadcast_to(np.zeros(dim, np.dtype(dtype)), (len(order), dim)))
+    return Passages(first[order], np.concatenate([ps.count for _, ps, _ in got])[order],
+                    np.concatenate([ps.n_tokens for _, ps, _ in got])[order], emb), ids
 
 
-def open_collection(path: str | Path, device="cpu") -> Store:
+def open_collection(path: str | Path, device="cpu", vectors: bool = True) -> Store:
     """A collection folder -> one Store of all its partitions in global order (module docstring). The FAISS
-    indexes of the partitions are not loaded: the collection is searched exactly."""
+    indexes of the partitions are not loaded: the collection is searched exactly. vectors False: the rows' and
+    passages' vectors are left with the partitions (zero-stride placeholders; engine.partition serves them) and
+    the store's `layout` (CollectionLayout) says where each row, heading path and passage lives."""
     root = Path(path).expanduser().absolute()
     manifest = read_collection(root)
     order = read_order(root, manifest)
@@ -104,13 +135,19 @@ def open_collection(path: str | Path, device="cpu") -> Store:
     sources = [parts[p].sources[k] for p, k in zip(order.tolist(), local.tolist(), strict=True)]
     row_part = np.repeat(order, [len(d) for d in docs])  # (N,) each global row's partition
     part_rows = [np.flatnonzero(row_part == p) for p in range(len(parts))]  # partition p's local row i: its i-th
-    emb = np.empty((len(row_part), dim), np.dtype(dtype))
-    for p, part in enumerate(parts):
-        if part is not None:
-            emb[part_rows[p]] = part.embeddings
-    headings = global_headings(docs, parts, row_part, part_rows, order, dim)
-    passages = global_passages(parts, part_rows, dim, dtype)
+    if vectors:
+        emb = np.empty((len(row_part), dim), np.dtype(dtype))
+        for p, part in enumerate(parts):
+            if part is not None:
+                emb[part_rows[p]] = part.embeddings
+    else:
+        emb = torch.zeros((1, dim), dtype=getattr(torch, dtype)).expand(len(row_part), dim)
+    headings, path_ids = global_headings(docs, parts, row_part, part_rows, order, dim)
+    passages, passage_ids = global_passages(parts, part_rows, dim, dtype, vectors)
     view = {**first.manifest, "shards": [], "index": {"kind": "flat"}, "collection": str(root),
             "counts": {"documents": len(docs), "sentences": int(len(row_part))}}
+    held = [p is not None for p in parts]
     del parts
-    return Store(root, view, docs, metadata, sources, emb, None, headings, passages)
+    store = Store(root, view, docs, metadata, sources, emb, None, headings, passages)
+    store.layout = CollectionLayout(partition_paths(root, manifest), part_rows, path_ids, passage_ids, held)
+    return store

@@ -304,6 +304,18 @@ def _block_topk(sims: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]
     return vals.gather(1, order), idx.gather(1, order)
 
 
+def sort_top(scores: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """scores (Q, K) float32, ids (Q, K) int64 (-1: missing) -> both ordered by score descending, equal scores
+    lower id first, missing ones last (-inf / -1)."""
+    missing = ids < 0
+    key = torch.where(missing, torch.full_like(ids, torch.iinfo(torch.long).max), ids)
+    scores = torch.where(missing, torch.full_like(scores, float("-inf")), scores)
+    by_id = key.sort(dim=1, stable=True).indices
+    scores, ids = scores.gather(1, by_id), ids.gather(1, by_id)
+    by_score = scores.sort(dim=1, descending=True, stable=True).indices
+    return scores.gather(1, by_score), ids.gather(1, by_score)
+
+
 def exact_topk(vectors: torch.Tensor, query: torch.Tensor, k: int,
                block_elements: int = EXACT_BLOCK_ELEMENTS) -> tuple[torch.Tensor, torch.Tensor]:
     """vectors (N, dim) float32|float16, query (Q, dim) float, k -> scores (Q, k) float32 (-inf where the store

@@ -37,7 +37,7 @@ from qasc.kernels.reference.extents import (
     pooled_extent_scores,
     run_norms,
 )
-from qasc.kernels.reference.gather import gathered_dots, segment_first
+from qasc.kernels.reference.gather import entry_dots, gathered_dots, segment_first
 from qasc.kernels.reference.lexical import lexical_scores
 from qasc.kernels.reference.merging import label_segments, segment_scores, segment_spans, segment_sums
 from qasc.kernels.reference.quantize import column_inverse, int8_products, quantize_columns, quantize_rows, row_top_k
@@ -56,6 +56,7 @@ __all__ = [
     "column_inverse",
     "combine_keys",
     "context_boost",
+    "entry_dots",
     "focus_on_best",
     "gathered_dots",
     "heading_gate",

@@ -19,6 +19,16 @@ def gathered_dots(table: torch.Tensor, query: torch.Tensor, index: torch.Tensor,
     return _to_tensor(out, tuple(index.shape), torch.float32, query.device)
 
 
+def entry_dots(table: torch.Tensor, query: torch.Tensor, who: torch.Tensor, index: torch.Tensor,
+               block_elements: int = 0) -> torch.Tensor:
+    """(E,) float32: query[who[e]] . table[index[e]] (float64 sum); block_elements only bounds the kernel's
+    memory."""
+    rows, queries = _rows(table.double()), _rows(query.double())
+    out = [sum(a * b for a, b in zip(queries[w], rows[i], strict=True)) for w, i in
+           zip(who.tolist(), index.tolist(), strict=True)]
+    return _to_tensor(out, (len(out),), torch.float32, query.device)
+
+
 def segment_first(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """seg (Q, L) int64, first (Q, U) int64: runs of equal consecutive keys numbered 0, 1, ... per row, and each
     run's key (-1 past a row's last run, U the most runs of any row)."""

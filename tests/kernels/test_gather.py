@@ -1,4 +1,4 @@
-"""gathered_dots and segment_first against their loop twins in kernels.reference on random ragged batches."""
+"""gathered_dots, entry_dots and segment_first against their loop twins in kernels.reference, random ragged batches."""
 
 from __future__ import annotations
 
@@ -43,6 +43,23 @@ def test_gathered_dots_equals_the_padded_product() -> None:
     dense = torch.einsum("qld,qd->ql", table[index].float(), query) * valid
     for block in (1, 16, 17, 1 << 22):
         assert torch.allclose(gather.gathered_dots(table, query, index, valid, block), dense, atol=1e-5)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(gather_cases(), st.integers(0, 2**16))
+def test_entry_dots_matches_reference_and_any_subset_has_the_same_bits(case: dict, seed: int) -> None:
+    """entry_dots against its twin; any subset of the entries, in any block size (what a partition holding some
+    of the rows computes), gives each entry the same bits as all of them at once (engine.partition)."""
+    who, col = case["valid"].nonzero(as_tuple=True)
+    index = case["index"][who, col]
+    fast = gather.entry_dots(case["table"], case["query"], who, index, case["block_elements"])
+    slow = ref.entry_dots(case["table"], case["query"], who, index)
+    assert fast.shape == slow.shape == who.shape and fast.dtype == torch.float32
+    assert torch.allclose(fast, slow, atol=1e-4, rtol=1e-4)
+    pick = torch.rand(who.shape[0], generator=torch.Generator().manual_seed(seed)) < 0.5
+    part = gather.entry_dots(case["table"], case["query"], who[pick], index[pick], 1 + seed % 97)
+    assert torch.equal(part, fast[pick])
+    assert torch.equal(fast, gather.gathered_dots(case["table"], case["query"], case["index"], case["valid"])[who, col])
 
 
 @settings(max_examples=300, deadline=None, database=None)
