@@ -23,9 +23,10 @@ from bench.memory import run_child
 SHARD_FILES = ("documents", "sentences", "headings", "passages", "lexical", "passage_lexical")
 
 
-def split_store(store: Path, out: Path, n: int) -> list[Path]:
+def split_store(store: Path, out: Path, n: int, index: str = "flat") -> list[Path]:
     """store -> min(n, shards) partition stores under out (contiguous runs of its shards), each a valid
-    store: its shards' files copied, rebased doc_start/row_start, counts, checksums, a flat index of its rows."""
+    store: its shards' files copied, rebased doc_start/row_start, counts, checksums, an index of its rows of kind
+    `index` (flat: exact; ivf: FAISS IVF trained on the partition's rows, its sizes chosen as ingest chooses)."""
     from qasc.engine.store.files import file_digest
     from qasc.engine.store.index_build import build_index_file
     from qasc.engine.store.manifest import read_manifest
@@ -55,7 +56,7 @@ def split_store(store: Path, out: Path, n: int) -> list[Path]:
             rows += int(shard["n_sentences"])
         own["counts"] = {"documents": docs, "sentences": rows, "shards": len(group)}
         index_file = "index-0001.faiss"
-        own["index"] = build_index_file(part, own["shards"], None, "flat", int(manifest["dim"]), index_file)
+        own["index"] = build_index_file(part, own["shards"], None, index, int(manifest["dim"]), index_file)
         own["checksums"][index_file] = file_digest(part / index_file)
         if own.pop("mapped", None) is not None:  # the store's mapped arrays are its whole rows': the part's own
             own = write_mapped(part, own, lambda line: None)

@@ -39,7 +39,7 @@ import numpy as np
 
 from bench.common import CHROMA, emit_json, machine_info, median, print_table
 from bench.memory import GiB, proc_status, run_child
-from bench.scale_query import query_child
+from bench.scale_query import partitions_child, query_child
 from bench.synthetic import TableEmbedder, corpus_dir, noisy_queries, tiny_model, write_corpus
 
 KEYS = ("ingest_sentences_per_s", "driver_peak_rss_gb", "query_per_s_exact", "query_per_s_ivf",
@@ -113,20 +113,39 @@ def ingest_record(store: Path, args: argparse.Namespace, wall: float | None, max
 # --------------------------------------------------------------------------------------------- queries
 
 
-def run_query_child(mode: str, store: Path, work: Path, n_queries: int, stream: int, args) -> dict:
-    base = work / f"{store.name}.query-{mode}"
+def run_query_child(mode: str, store: Path, work: Path, n_queries: int, stream: int, args,
+                    queries_in: Path | None = None) -> dict:
+    base = work / f"{store.parent.name if mode == 'partitions' else store.name}.query-{mode}"
     spec = {"mode": mode, "store": str(store), "queries": n_queries, "pool": args.queries, "noise": args.noise,
             "seed": args.seed + 7, "nprobe": args.nprobe, "repeats": args.repeats,
             "slice": args.slice,
             "threads": args.threads, "stream": stream, "hits": f"{base}.hits.npy", "budget_tokens": args.budget_tokens,
-            "texts": args.query_texts, "stream_path": f"{base}.stream.parquet", "out": f"{base}.json"}
+            "texts": args.query_texts, "stream_path": f"{base}.stream.parquet", "out": f"{base}.json",
+            "partitions": args.partitions, "queries_out": f"{base}.queries.npy" if mode == "ivf" else None,
+            "queries_in": str(queries_in)}
     spec_path = Path(f"{base}.spec.json")
     spec_path.write_text(json.dumps(spec))
     wall, maxrss = run_child([sys.executable, "-m", "bench.scale", "--child", str(spec_path)], Path(f"{base}.log"))
     rec = json.loads(Path(spec["out"]).read_text())
     # wait4's ru_maxrss is the high-water mark that PeakRss resets (clear_refs) before streaming: the max of all three
-    peak = max(maxrss / GiB, rec["peak_rss_gb"], rec.get("stream_rss_peak_gb") or 0.0)
+    peak = max(maxrss / GiB, rec.get("peak_rss_gb", 0.0), rec.get("stream_rss_peak_gb") or 0.0)
     return {**rec, "wall_s": wall, "process_peak_rss_gb": peak, "hits": spec["hits"]}
+
+
+def partitioned(store: Path, work: Path, args) -> dict:
+    """The store split into --partitions partition stores (bench.partitions.split_store: contiguous shard runs,
+    each with its own index of the store's kind) assembled as a collection under WORK (reused with --reuse-store
+    when complete), then the partitions child (bench.scale_query.partitions_child) on the ivf child's queries."""
+    from bench.partitions import split_store
+    from qasc.engine.store.collection import assemble, is_collection
+
+    root = work / f"{store.name}-parts{args.partitions}"
+    if not (args.reuse_store and is_collection(root / "collection")):
+        if root.exists():
+            shutil.rmtree(root)
+        assemble(root / "collection", split_store(store, root / "parts", args.partitions, args.index))
+    return run_query_child("partitions", root / "collection", work, args.queries, 0, args,
+                           work / f"{store.name}.query-ivf.queries.npy")
 
 
 def recall_at_depth(approx: np.ndarray, exact: np.ndarray) -> float:
@@ -243,6 +262,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-quality", action="store_true", help="skip the MiniLM quality check")
     p.add_argument("--quick", action="store_true", help="20k sentences, 1k queries (500 exact), 10k streamed, 1 "
                    "repeat, quality on state_of_the_union with 300 queries")
+    p.add_argument("--partitions", type=int, default=0, help="also serve the store split into N partitions "
+                   "(each with its own index) on N Ray actors of a local Ray instance, the engine in the driver: "
+                   "q/s on the ivf run's queries, recall, each actor's peak RSS (0: off, the default)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.budget_tokens < 0:
@@ -259,7 +281,8 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.child:
         spec = json.loads(Path(args.child).read_text())
-        result = ingest_child(spec) if spec.get("kind") == "ingest" else query_child(spec)
+        result = (ingest_child(spec) if spec.get("kind") == "ingest" else
+                  partitions_child(spec) if spec["mode"] == "partitions" else query_child(spec))
         Path(spec["out"]).write_text(json.dumps(result))
         return {}
     work = Path(args.work).expanduser().absolute()
@@ -282,6 +305,7 @@ def main(argv=None) -> dict:
     ex = phase("exact", run_query_child, "exact", store, work, args.exact_queries, 0, args)
     iv = phase("ivf", run_query_child, "ivf", store, work, args.queries, args.stream_queries, args)
     recall = recall_at_depth(np.load(iv["hits"]), np.load(ex["hits"]))
+    pt = phase("partitions", partitioned, store, work, args) if args.partitions else None
     quality = {"skipped": "--no-quality"}
     if not args.no_quality:
         quality = phase("quality", quality_check, work, args)
@@ -349,6 +373,22 @@ def main(argv=None) -> dict:
                  f"{growth_100k:.3f} GiB ({record['rss_growth_100k_method']})"},
     ], title=f"bench.scale: {ing['sentences']:,} sentences, stored embeddings {emb_bytes / GiB:.3f} GiB "
              f"(RSS bound {record['rss_bound_gb']:.2f} GiB); phases {phases}")
+    if pt is not None:
+        pt["recall_at_depth"] = recall_at_depth(np.load(pt["hits"]), np.load(ex["hits"]))
+        pt["vs_one_store"] = pt["query_per_s"] / iv["query_per_s"]
+        pt["actor_peak_vs_one_store"] = max(pt["actor_peak_rss_gb"]) / iv["peak_rss_gb"]
+        record["query_partitions"] = pt
+        record["targets"]["partitions_q/s>=0.75x_one_store"] = pt["vs_one_store"] >= 0.75
+        record["targets"]["partition_actor_peak<=0.35x_one_store"] = pt["actor_peak_vs_one_store"] <= 0.35
+        print_table([{"run": "one store (ivf)", "q/s": iv["query_per_s"], "recall@depth": recall,
+                      "peak RSS GiB": iv["peak_rss_gb"], "note": "one process"},
+                     {"run": f"{pt['partitions']} partitions on Ray", "q/s": pt["query_per_s"],
+                      "recall@depth": pt["recall_at_depth"], "peak RSS GiB": max(pt["actor_peak_rss_gb"]),
+                      "note": f"{pt['vs_one_store']:.2f}x the q/s; per actor peak "
+                              f"{', '.join(f'{x:.2f}' for x in pt['actor_peak_rss_gb'])} GiB "
+                              f"({pt['actor_peak_vs_one_store']:.2f}x one store's); coordinator "
+                              f"{pt['coordinator_peak_rss_gb']:.2f} GiB"}],
+                    title=f"bench.scale --partitions {args.partitions} (per-partition {args.index} indexes)")
     if "skipped" in quality:
         print(f"quality: skipped ({quality['skipped']})", flush=True)
     else:

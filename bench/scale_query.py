@@ -5,6 +5,8 @@ measures the RSS growth (bench.memory.PeakRss)."""
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from dataclasses import replace
@@ -112,6 +114,9 @@ def query_child(spec: dict) -> dict:
     out["source_in_hits"] = float((hits == sources.numpy()[:, None]).any(1).mean())
     texts = source_texts(engine, sources) if spec.get("texts") else None
     out["query_texts"] = texts is not None
+    if spec.get("queries_out"):  # the same queries for the partitioned collection's child (`partitions_child`)
+        np.save(spec["queries_out"], queries.numpy())
+        Path(spec["queries_out"]).with_suffix(".json").write_text(json.dumps(texts))
     # warm-up: per-store dots and block stats; with texts the lexical BM25 index too (its build counts in the peak)
     answer(engine, queries[: min(len(queries), 256)], spec["slice"], texts and texts[:256])
     times, rows = [], 0
@@ -156,4 +161,50 @@ def query_child(spec: dict) -> dict:
                    stream_small_queries=small, rss_growth_small_gb=growth_small / GiB if small else None,
                    rss_growth_100k_gb=at_target / GiB, rss_growth_100k_method=method)
         path.unlink()
+    return out
+
+
+def partitions_child(spec: dict) -> dict:
+    """The collection of the store's rows in spec["partitions"] partitions (bench.partitions.split_store), served by
+    as many Ray actors in a local Ray instance of this machine's cores (jobs.query_partitions), the engine here
+    without the query model: the ivf child's queries and texts (spec["queries_in"]) timed end to end through
+    Engine.query_batches as that child times them; the search's hits (recall), each actor's peak RSS (VmHWM) and
+    this process's (the coordinator's)."""
+    import ray
+    import torch
+
+    from qasc.engine.query import Engine
+    from qasc.engine.store.collection_reader import open_collection
+    from qasc.jobs.query_partitions import ray_partitions
+    from qasc.jobs.ray_session import connect
+
+    if spec["threads"]:
+        torch.set_num_threads(spec["threads"])
+    queries = torch.from_numpy(np.load(spec["queries_in"]))
+    texts = json.loads(Path(spec["queries_in"]).with_suffix(".json").read_text())
+    connect(None, num_cpus=os.cpu_count())
+    anon = AnonPeak()
+    t0 = time.perf_counter()
+    store = open_collection(spec["store"], vectors=False)
+    actors: list = []
+    parts = ray_partitions(actors_out=actors)(store, torch.device("cpu"))
+    engine = Engine(store, None, store.config, torch.device("cpu"), partitions=parts)
+    out = {"mode": "partitions", "partitions": len(actors), "open_s": time.perf_counter() - t0,
+           "rss_open_gb": proc_status("VmRSS") / GiB, "api": API}
+    depth = min(engine.config.retrieval.depth, engine.n_total)
+    t0 = time.perf_counter()
+    hits = engine.retrieval.search(queries, depth).cpu().numpy()
+    out["search_s"] = time.perf_counter() - t0
+    np.save(spec["hits"], hits)
+    answer(engine, queries[: min(len(queries), 256)], spec["slice"], texts and texts[:256])  # warm-up, as the ivf child
+    times, rows = [], 0
+    for _ in range(spec["repeats"]):
+        t0 = time.perf_counter()
+        rows = answer(engine, queries, spec["slice"], texts)
+        times.append(time.perf_counter() - t0)
+    actor_peaks = [int(x) for x in parts.peak_rss()]
+    out.update(queries=len(queries), depth=depth, times_s=times, rows=rows, query_per_s=len(queries) / median(times),
+               actor_peak_rss_gb=[x / GiB for x in actor_peaks], coordinator_peak_rss_gb=proc_status("VmHWM") / GiB,
+               coordinator_peak_anon_gb=anon.peak / GiB, rss_anon_gb=proc_status("RssAnon") / GiB)
+    ray.shutdown()
     return out

@@ -167,3 +167,74 @@ def test_cli_ingest_partitions_appends_by_hash_and_verifies(tmp_path, tiny_model
     assert "appends need --partitions 2" in capsys.readouterr().err
     assert main(["query", "--store", str(coll), "--question", "What broke the lamp?"]) == 0
     assert "lamp" in capsys.readouterr().out
+
+
+@pytest.mark.own_ray
+def test_collection_on_a_two_node_cluster_answers_as_one_store(built):
+    """Two Ray nodes on this machine (ray.cluster_utils.Cluster: a head and a second node, each a raylet of its own
+    with 1 CPU and a resource of its own), the hashed collection's partitions spread over them by `qasc query
+    --ray-address` in a process of its own: both presets byte-identical to the single store, the job's summary
+    naming both nodes and each actor's peak RSS."""
+    import os
+    import subprocess
+    import sys
+
+    from ray.cluster_utils import Cluster
+
+    from tests.conftest import REPO
+
+    want = {preset: answer(built / "single", built / f"single-2n-{preset}.parquet", preset)
+            for preset in ("answers", "context")}
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"node_a": 1},
+                                                            "include_dashboard": False})
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    try:
+        cluster.add_node(num_cpus=1, resources={"node_b": 1})
+        cluster.wait_for_nodes()
+        for preset in ("answers", "context"):
+            out = built / f"hashed-2n-{preset}.parquet"
+            job = subprocess.run([sys.executable, "-m", "qasc.jobs.cli", "query", "--store", str(built / "hashed"),
+                                  "--queries", str(built / "q.jsonl"), "--out", str(out), "--preset", preset,
+                                  "--ray-address", cluster.address], cwd=REPO, env=env, capture_output=True, text=True,
+                                 timeout=600)
+            assert job.returncode == 0, job.stderr[-2000:]
+            assert out.read_bytes() == want[preset], preset
+            summary = next(line for line in job.stderr.splitlines() if "Ray actors" in line)
+            assert "2 node(s)" in summary and "peak RSS" in summary, summary
+    finally:
+        cluster.shutdown()
+
+
+def test_actor_shares_fit_every_node_and_partitions_are_dealt_round_robin():
+    from qasc.jobs.query_partitions import actor_groups, cpu_share
+
+    assert cpu_share([1.0, 1.0], 3) == 0.5  # 2 actors on one node, 1 on the other: both fit
+    assert cpu_share([2.0], 4) == 0.5 and cpu_share([16.0, 16.0], 4) == 1.0
+    assert cpu_share([1.0, 0.0, 4.0], 2) == 1.0  # nodes without CPUs take no actor
+    assert cpu_share([1.0], 1000) == 0.01
+    assert actor_groups(["a", "b", "c", "d", "e"], 2) == [["a", "c", "e"], ["b", "d"]]
+    assert actor_groups(["a", "b"], 5) == [["a"], ["b"]]
+
+
+def test_partition_merge_equals_one_exact_search():
+    """Rows cut into uneven partitions (of a float16 table), each searched exactly: the merge by (score, global
+    row) equals one exact search of all rows, hits and order, ties included (duplicated rows)."""
+    import torch
+
+    from qasc.engine.partition import merge_top
+    from qasc.engine.store.index import exact_topk
+
+    g = torch.Generator().manual_seed(5)
+    table = torch.nn.functional.normalize(torch.randn(300, 16, generator=g), dim=1).half()
+    table[200:220] = table[10:30]  # equal scores across partitions
+    query = torch.randn(40, 16, generator=g)
+    owner = torch.randint(0, 3, (300,), generator=g).numpy()
+    scores, ids = [], []
+    for p in range(3):
+        rows = np.flatnonzero(owner == p)
+        s, r = exact_topk(table[torch.as_tensor(rows)], query, 12)
+        scores.append(s.numpy())
+        ids.append(np.where(r.numpy() >= 0, rows[np.maximum(r.numpy(), 0)], -1))
+    want_s, want_r = exact_topk(table, query, 12)
+    got_s, got_r = merge_top(scores, ids, 12, "cpu")
+    assert torch.equal(got_r, want_r) and torch.equal(got_s, want_s)
