@@ -28,7 +28,6 @@ from qasc.jobs.ingest_ray import FAULT_MARKER_ENV, MAX_RESTARTS, MAX_TASK_RETRIE
 from qasc.jobs.ray_session import connect, die_once
 from qasc.kernels.params import QascParams
 
-
 ACTOR_START_TIMEOUT_S = float(os.environ.get("QASC_ACTOR_START_TIMEOUT_S", 300))  # a partition actor not placed and open by then fails the job, naming the partition
 
 
