@@ -10,9 +10,9 @@ those of one store of the same documents (docs/collections.md, "Serving partitio
 
 Placement is Ray's own: actors are created with the SPREAD scheduling strategy (spread over the cluster's nodes),
 each asking for a share of a CPU (`cpu_share`: at most 1, small enough that the actors spread evenly fit the
-smallest node) so that more partitions than cores still start. An actor killed mid-batch is restarted (MAX_RESTARTS) and its call retried
-(MAX_TASK_RETRIES): every call is a pure function of the partition and its arguments, so the output is the same.
-A partition an actor cannot open fails the job with one line naming it.
+smallest node) so that more partitions than cores still start. An actor killed mid-batch is restarted
+(MAX_RESTARTS) and its call retried (MAX_TASK_RETRIES): every call is a pure function of the partition and its
+arguments, so the output is the same. A partition an actor cannot open fails the job with one line naming it.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from qasc.jobs.ingest_ray import FAULT_MARKER_ENV, MAX_RESTARTS, MAX_TASK_RETRIE
 from qasc.jobs.ray_session import connect, die_once
 from qasc.kernels.params import QascParams
 
-ACTOR_START_TIMEOUT_S = float(os.environ.get("QASC_ACTOR_START_TIMEOUT_S", 300))  # a partition actor not placed and open by then fails the job, naming the partition
+# a partition actor not placed and open by then fails the job, naming the partition (QASC_ACTOR_START_TIMEOUT_S)
+ACTOR_START_TIMEOUT_S = float(os.environ.get("QASC_ACTOR_START_TIMEOUT_S", 300))
 
 
 class PartitionActor:
