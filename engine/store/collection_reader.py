@@ -8,6 +8,10 @@ row order, the BM25 statistics (document frequencies, lengths) are the whole col
 built from the texts: LexicalIndex.build, equal to the one a store's saved term counts give), and the search is
 exact over all rows (a flat store's). The engine then runs unchanged, so the answers equal that store's bit for bit
 when the rows' vectors are the same (docs/collections.md, "Where it is exact").
+
+`open_collection(path, vectors=False)` is the same view without the vectors (the rows' and passages' vectors stay
+with the partitions): what Engine.open uses, with engine.partition serving them (`Store.layout` says where each
+row, heading path and passage lives).
 """
 
 from __future__ import annotations

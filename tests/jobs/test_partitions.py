@@ -238,3 +238,26 @@ def test_partition_merge_equals_one_exact_search():
     want_s, want_r = exact_topk(table, query, 12)
     got_s, got_r = merge_top(scores, ids, 12, "cpu")
     assert torch.equal(got_r, want_r) and torch.equal(got_s, want_s)
+
+
+def test_retrievers_and_the_ray_data_stage_take_a_collection(built):
+    """The LangChain and LlamaIndex retrievers and the Ray Data stage (called as map_batches would) answer a
+    collection exactly as the single store (the documents' `source` aside)."""
+    pytest.importorskip("langchain_core")
+    pytest.importorskip("llama_index.core")
+    from qasc.engine.integrations import langchain as lc
+    from qasc.engine.integrations import llamaindex as li
+    from qasc.jobs.ray_data import QascQuery
+
+    got = {}
+    for name in ("single", "hashed"):
+        store = str(built / name)
+        docs = lc.QascRetriever(store=store, device="cpu").batch(QUESTIONS[:4])
+        nodes = li.QascRetriever(store=store, device="cpu").retrieve(QUESTIONS[4])
+        table = QascQuery(store, device="cpu")({"question": np.array(QUESTIONS, dtype=object)})
+        # a hashed partition's `source` names the partition and row (part-0001:1), not the input file
+        got[name] = ([[(d.page_content, {k: v for k, v in d.metadata.items() if k != "source"}) for d in ds]
+                      for ds in docs],
+                     [(n.node.get_content(), n.score) for n in nodes], table.to_pylist())
+        assert table.num_rows and docs[0] and nodes
+    assert got["hashed"] == got["single"]
