@@ -37,6 +37,12 @@ from qasc.engine.tables import StoreTables, row_path_dots
 from qasc.kernels.gather import entry_dots
 
 
+# entries per dot-product call to a partition: its arguments and result (int32 query and row of each entry, float32
+# value: 12 MB) stay small in the serving process whatever the batch (a 1,024-query block of the heading context
+# scores ~4M entries)
+DOTS_BLOCK_ENTRIES = 1 << 20
+
+
 class PartitionServer:
     """One partition store's vector operations, in its local row / heading path / passage ids (module docstring):
     `PartitionServer(path)`."""
@@ -60,7 +66,8 @@ class PartitionServer:
         return scores.cpu().numpy(), rows.cpu().numpy()
 
     def dots(self, query: np.ndarray, who: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """query (Q, dim) float32, who (E,) int64 each entry's query, rows (E,) int64 local rows -> (E,) float32."""
+        """query (Q, dim) float32, who (E,) int32 | int64 each entry's query, rows (E,) int32 | int64 local rows ->
+        (E,) float32."""
         return entry_dots(self.vectors, torch.from_numpy(query), torch.from_numpy(who),
                           torch.from_numpy(rows)).cpu().numpy()
 
@@ -183,11 +190,15 @@ class PartitionedVectors:
         part = self.row_part_t[g]
         local = self.row_local_t[g]
         q = query.detach().to("cpu", torch.float32).contiguous().numpy()
-        picks = {p: (part == p).nonzero().squeeze(1) for p in self.held}
-        got = self._fan_out("dots", lambda p: (q, who[picks[p]].cpu().numpy(), local[picks[p]].cpu().numpy()))
-        for p, values in zip(self.held, got, strict=True):
-            at = picks[p]
-            out[who[at], col[at]] = torch.tensor(values, device=self.device)
+        pending = []  # every block of every partition submitted before any is awaited
+        for p in self.held:
+            mine = (part == p).nonzero().squeeze(1)
+            for lo in range(0, mine.numel(), DOTS_BLOCK_ENTRIES):
+                at = mine[lo : lo + DOTS_BLOCK_ENTRIES]
+                pending.append((p, at, self.clients[p].submit(
+                    "dots", q, who[at].to(torch.int32).cpu().numpy(), local[at].to(torch.int32).cpu().numpy())))
+        for p, at, value in pending:
+            out[who[at], col[at]] = torch.tensor(self.clients[p].gather([value])[0], device=self.device)
         return out
 
     def _scatter_rows(self, parts: list[np.ndarray], dtype, width: int | None = None) -> torch.Tensor:
