@@ -5,6 +5,8 @@ result files); the wall time and peak RSS of each run, and of one run per partit
 only that partition would hold).
 
     python -m bench.partitions --store STORE --questions QUESTIONS.csv --partitions 4 --out /tmp/qasc-parts
+    python -m bench.partitions ... --ray-nodes 2 --no-alone   # and served by Ray actors on a two-node cluster
+    python -m bench.partitions ... --hashed CORPORA            # a hashed collection of the corpora vs one store
 """
 
 from __future__ import annotations
@@ -65,6 +67,79 @@ def split_store(store: Path, out: Path, n: int, index: str = "flat") -> list[Pat
     return paths
 
 
+class StoreVectors:
+    """An embedder that gives each text the vector a store holds for it (its sentences', passages' and heading
+    paths' texts; the first where a text repeats), and any other text the model's vector encoded alone: the same
+    text gets the same vector whatever batch or partition it is ingested in, so a store and a hashed collection
+    ingested with it hold the same rows' vectors (docs/collections.md, "Where it is exact"), at the pipeline's
+    speed, not the model's. Handed to ingest(embedder=...)."""
+
+    def __init__(self, store: Path) -> None:
+        import numpy as np
+
+        from qasc.engine.embedder import Embedder
+        from qasc.engine.store.reader import Store
+
+        opened = Store.open(store, load_index=False)
+        self.inner = Embedder(opened.manifest.get("model"), "cpu")
+        emb = np.asarray(opened.embeddings, np.float32)
+        self.vectors: dict[str, np.ndarray] = {}
+        row = 0
+        for doc in opened.docs:
+            for a, b in zip(doc.char_start.tolist(), doc.char_end.tolist(), strict=True):
+                self.vectors.setdefault(doc.text[a:b], emb[row])
+                row += 1
+        table = opened.docs
+        passages = opened.passages
+        if len(passages.first):
+            offsets = np.asarray(opened.doc_offsets)
+            for first, count, vec in zip(passages.first.tolist(), passages.count.tolist(),
+                                         np.asarray(passages.emb, np.float32), strict=True):
+                d = int(np.searchsorted(offsets, first, side="right") - 1)
+                doc = table[d]
+                a, b = int(doc.char_start[first - offsets[d]]), int(doc.char_end[first - offsets[d] + count - 1])
+                self.vectors.setdefault(doc.text[a:b], vec)
+        for text, vec in zip(opened.heading_paths, np.asarray(opened.heading_emb, np.float32), strict=True):
+            self.vectors.setdefault(text, vec)
+        self.missed = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def encode(self, texts, *args, **kwargs):
+        import numpy as np
+
+        out = []
+        for text in texts:
+            vec = self.vectors.get(text)
+            if vec is None:
+                self.missed += 1
+                vec = self.inner.encode([text])[0]
+                self.vectors[text] = vec
+            out.append(vec)
+        progress = kwargs.get("progress") or (args[0] if args else None)
+        if callable(progress):
+            progress(len(texts))
+        return np.stack(out).astype(np.float32) if out else np.zeros((0, self.inner.dim), np.float32)
+
+
+def hashed_pair(store: Path, corpora: Path, out: Path, n: int) -> tuple[Path, Path]:
+    """A store and a hashed collection of n partitions (`ingest_partitions`: documents by a hash of doc_id) of
+    the *.md files under corpora, both ingested with the store's settings and `StoreVectors(store)`."""
+    from qasc.engine.config import EngineConfig
+    from qasc.engine.store import ingest
+    from qasc.engine.store.collection import ingest_partitions
+    from qasc.engine.store.manifest import read_manifest
+
+    config = EngineConfig.from_dict(read_manifest(store)["config"])
+    model = StoreVectors(store)
+    files = [str(f) for f in sorted(corpora.glob("*.md"))]
+    ingest(files, out / "single", config, embedder=model, progress=False)
+    ingest_partitions(files, out / "hashed", n, config, embedder=model, progress=False)
+    print(f"{store.name}: {model.missed} texts not in the store, encoded alone", file=sys.stderr)
+    return out / "single", out / "hashed"
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--store", required=True)
@@ -74,31 +149,73 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", required=True)
     ap.add_argument("--alone", action=argparse.BooleanOptionalAction, default=True,
                     help="also run each partition alone (its time and peak RSS; default on)")
+    ap.add_argument("--ray-nodes", type=int, default=0,
+                    help="also answer with the collection's partitions on Ray actors, on a cluster of this many "
+                         "nodes started here (ray.cluster_utils.Cluster: a raylet each, the machine's cores shared "
+                         "out, a resource of its own each); 0: off (default)")
+    ap.add_argument("--hashed", default=None, metavar="CORPORA",
+                    help="instead of splitting the store: a store and a collection of --partitions partitions "
+                         "(documents by a hash of doc_id, as `qasc ingest --partitions`) both ingested from the "
+                         "*.md files under CORPORA with STORE's settings and vectors (`StoreVectors`)")
     args = ap.parse_args(argv)
     from qasc.engine.store.collection import assemble
 
     out = Path(args.out)
     if out.exists():
         shutil.rmtree(out)
-    parts = split_store(Path(args.store), out / "parts", args.partitions)
-    assemble(out / "collection", parts)
+    single = Path(args.store)
+    if args.hashed:
+        single, coll = hashed_pair(single, Path(args.hashed), out, args.partitions)
+        parts = sorted(p for p in coll.glob("part-*") if (p / "manifest.json").exists())
+    else:
+        parts = split_store(single, out / "parts", args.partitions)
+        coll = out / "collection"
+        assemble(coll, parts)
     qasc = [sys.executable, "-m", "qasc.jobs.cli", "query", "--queries", args.questions]
+    cluster = start_cluster(args.ray_nodes) if args.ray_nodes else None
+    runs = [("store", single, []), ("collection", coll, []),
+            *((("collection-ray", coll, ["--ray-address", cluster.address]),) if cluster else ()),
+            *((p.name, p, []) for p in parts if args.alone)]
     rows, same = [], {}
-    for preset in args.presets.split(","):
-        digests = {}
-        for name, target in (("store", Path(args.store)), ("collection", out / "collection"),
-                             *((p.name, p) for p in parts if args.alone)):
-            result = out / f"{name}-{preset}.parquet"
-            wall, peak = run_child([*qasc, "--store", str(target), "--out", str(result), "--preset", preset],
-                                   out / f"{name}-{preset}.log")
-            digests[name] = hashlib.sha256(result.read_bytes()).hexdigest()[:16]
-            rows.append({"preset": preset, "run": name, "s": wall, "peak GiB": peak / 2**30, "sha256": digests[name]})
-        same[preset] = digests["store"] == digests["collection"]
-    print_table(rows, ["preset", "run", "s", "peak GiB", "sha256"], title=f"{args.store}: {len(parts)} partitions")
+    try:
+        for preset in args.presets.split(","):
+            digests = {}
+            for name, target, extra in runs:
+                result = out / f"{name}-{preset}.parquet"
+                log = out / f"{name}-{preset}.log"
+                wall, peak = run_child([*qasc, "--store", str(target), "--out", str(result), "--preset", preset,
+                                        *extra], log)
+                digests[name] = hashlib.sha256(result.read_bytes()).hexdigest()[:16]
+                summary = [line for line in log.read_text().splitlines() if "Ray actors" in line]
+                rows.append({"preset": preset, "run": name, "s": wall, "peak GiB": peak / 2**30,
+                             "sha256": digests[name], "ray": summary[-1].split(": ", 1)[-1] if summary else ""})
+            same[preset] = all(digests[name] == digests["store"] for name in digests
+                               if name.startswith("collection"))
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+    print_table(rows, ["preset", "run", "s", "peak GiB", "sha256", "ray"],
+                title=f"{args.store}: {len(parts)} partitions")
     record = {"bench": "partitions", "store": args.store, "partitions": len(parts), "identical": same, "runs": rows,
-              "machine": machine_info()}
+              "ray_nodes": args.ray_nodes, "machine": machine_info()}
     emit_json(record)
     return record
+
+
+def start_cluster(nodes: int):
+    """A Ray cluster of `nodes` nodes on this machine (ray.cluster_utils.Cluster), the cores shared out (at least 1
+    CPU a node), each node with a resource of its own (node_0, node_1, ...)."""
+    import os
+
+    from ray.cluster_utils import Cluster
+
+    cpus = max(1, (os.cpu_count() or 1) // nodes)
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": cpus, "resources": {"node_0": 1},
+                                                            "include_dashboard": False})
+    for i in range(1, nodes):
+        cluster.add_node(num_cpus=cpus, resources={f"node_{i}": 1})
+    cluster.wait_for_nodes()
+    return cluster
 
 
 if __name__ == "__main__":
