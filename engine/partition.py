@@ -84,6 +84,8 @@ class PartitionServer:
         """path_emb (H_p, dim) float32 the collection's vectors of this partition's heading paths -> (N_p,)
         float32 each row's dot with its path's vector (engine.tables.row_path_dots)."""
         row_heading = torch.as_tensor(np.asarray(self.store.row_heading, np.int64))
+        if not len(path_emb):  # a partition without heading paths (the collection has some)
+            return np.zeros(len(row_heading), np.float32)
         return row_path_dots(self.vectors, torch.from_numpy(path_emb), row_heading).cpu().numpy()
 
     def passage_path_dots(self, path_emb: np.ndarray) -> np.ndarray:

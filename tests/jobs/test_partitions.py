@@ -261,3 +261,28 @@ def test_retrievers_and_the_ray_data_stage_take_a_collection(built):
                      [(n.node.get_content(), n.score) for n in nodes], table.to_pylist())
         assert table.num_rows and docs[0] and nodes
     assert got["hashed"] == got["single"]
+
+
+def test_a_partition_without_heading_paths_answers_as_one_store(tmp_path, tiny_model):
+    """An assembled collection whose first partition has no heading paths while the other has some (the heading
+    context on, its path dots computed per partition): both presets byte-identical to one store of the same
+    documents in the same order."""
+    from qasc.engine.config import EmbedderConfig, EngineConfig
+    from qasc.engine.embedder import Embedder
+    from qasc.engine.store import ingest
+    from qasc.engine.store.collection import assemble
+
+    plain = {"delta": EXTRA_DOCS["delta"], "omega": "No headings here either. Lamps and crusts and grids.\n"}
+    headed = {k: v for k, v in EXTRA_DOCS.items() if k != "delta"}
+    config = EngineConfig(embedder=EmbedderConfig(model=tiny_model))
+    model = OneAtATime(Embedder(tiny_model, "cpu"))
+    for name, docs in (("plain", plain), ("headed", headed), ("single", plain | headed)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"id": k, "text": v}) + "\n"
+                                                        for k, v in docs.items()))
+        ingest([str(tmp_path / f"{name}.jsonl")], tmp_path / name, config, embedder=model, progress=False)
+    assemble(tmp_path / "coll", [tmp_path / "plain", tmp_path / "headed"])
+    (tmp_path / "q.jsonl").write_text("".join(json.dumps({"id": f"q{i}", "question": q}) + "\n"
+                                              for i, q in enumerate(QUESTIONS)))
+    for preset in ("answers", "context"):
+        want = answer(tmp_path / "single", tmp_path / f"single-{preset}.parquet", preset)
+        assert answer(tmp_path / "coll", tmp_path / f"coll-{preset}.parquet", preset) == want, preset
