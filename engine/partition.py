@@ -36,7 +36,6 @@ from qasc.engine.store.index import sort_top
 from qasc.engine.tables import StoreTables, row_path_dots
 from qasc.kernels.gather import entry_dots
 
-
 # entries per dot-product call to a partition: its arguments and result (int32 query and row of each entry, float32
 # value: 12 MB) stay small in the serving process whatever the batch (a 1,024-query block of the heading context
 # scores ~4M entries)
