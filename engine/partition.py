@@ -144,9 +144,8 @@ def merge_top(scores: list[np.ndarray], ids: list[np.ndarray], k: int, device) -
 
 class PartitionedVectors:
     """The vectors of a collection's partitions, in global ids (module docstring): `PartitionedVectors(layout,
-    clients, heading_emb, device)`. layout: engine.store.collection_reader.CollectionLayout; clients: one per
-    partition that holds documents (None for the others); heading_emb (H, dim) float32 the collection's heading
-    path vectors (the coordinator's)."""
+    clients, device)`. layout: engine.store.collection_reader.CollectionLayout; clients: one per partition, None
+    for a partition without documents; device: where the merged results and gathered values go."""
 
     def __init__(self, layout, clients: list, device: torch.device) -> None:
         self.layout = layout
