@@ -110,7 +110,7 @@ class PassageTier:
 
     def top_cosine(self, query: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """query (Q, dim) float32, k <= P -> cos (Q, k) float32 descending and ids (Q, k) int64: the k best passages
-        (`engine.store.index.exact_topk`: blocked, equal scores lower id first)."""
+        (`passage_top_cosine`, or a collection's partitions' merged; equal scores lower id first)."""
         if self.partitions is not None:
             return self.partitions.passage_topk(query, k)
         return passage_top_cosine(self.emb, query, k)

@@ -128,6 +128,12 @@ class LocalClient:
         return list(pending)
 
 
+def to_global(ids: np.ndarray, global_ids: np.ndarray) -> np.ndarray:
+    """ids (Q, k) int64 a partition's local ids (-1: missing), global_ids (n_p,) its local id -> global id ->
+    (Q, k) int64 global ids (-1 kept)."""
+    return np.where(ids >= 0, global_ids[np.maximum(ids, 0)], -1)
+
+
 def merge_top(scores: list[np.ndarray], ids: list[np.ndarray], k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Per partition scores (Q, k_p) float32 and global ids (Q, k_p) int64 (-1 missing) -> the k best (Q, k) of
     all, by score descending, equal scores lower id first (-inf / -1 where fewer): the global top k when each
@@ -152,13 +158,13 @@ class PartitionedVectors:
         self.clients = clients
         self.device = torch.device(device)
         self.n_total = int(sum(len(r) for r in layout.part_rows))
-        self.row_part = np.zeros(self.n_total, np.int32)  # (N,) each global row's partition
-        self.row_local = np.zeros(self.n_total, np.int64)  # (N,) its row in that partition
+        row_part = np.zeros(self.n_total, np.int32)
+        row_local = np.zeros(self.n_total, np.int64)
         for p, rows in enumerate(layout.part_rows):
-            self.row_part[rows] = p
-            self.row_local[rows] = np.arange(len(rows))
-        self.row_part_t = torch.as_tensor(self.row_part, device=self.device)
-        self.row_local_t = torch.as_tensor(self.row_local, device=self.device)
+            row_part[rows] = p
+            row_local[rows] = np.arange(len(rows))
+        self.row_part = torch.as_tensor(row_part, device=self.device)  # (N,) each global row's partition
+        self.row_local = torch.as_tensor(row_local, device=self.device)  # (N,) its row in that partition
         self.held = [p for p, c in enumerate(clients) if c is not None]
 
     def _fan_out(self, method: str, args_of) -> list:
@@ -175,8 +181,7 @@ class PartitionedVectors:
         (engine.retrieval.Retrieval) of a collection."""
         query = query_emb.detach().to("cpu", torch.float32).contiguous().numpy()
         got = self._fan_out("search", lambda p: (query, min(k, len(self.layout.part_rows[p]))))
-        ids = [np.where(r >= 0, self.layout.part_rows[p][np.maximum(r, 0)], -1) for p, (_, r) in
-               zip(self.held, got, strict=True)]
+        ids = [to_global(r, self.layout.part_rows[p]) for p, (_, r) in zip(self.held, got, strict=True)]
         return merge_top([s for s, _ in got], ids, k, self.device)[1]
 
     def dots(self, query: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -187,8 +192,8 @@ class PartitionedVectors:
             return out
         who, col = valid.nonzero(as_tuple=True)
         g = rows[who, col]
-        part = self.row_part_t[g]
-        local = self.row_local_t[g]
+        part = self.row_part[g]
+        local = self.row_local[g]
         q = query.detach().to("cpu", torch.float32).contiguous().numpy()
         pending = []  # every block of every partition submitted before any is awaited
         for p in self.held:
@@ -244,8 +249,7 @@ class PartitionedVectors:
         scores lower id first (as PassageTier.top_cosine over one store's passages)."""
         q = query.detach().to("cpu", torch.float32).contiguous().numpy()
         got = self._fan_out("passage_topk", lambda p: (q, min(k, len(self.layout.passage_ids[p]))))
-        ids = [np.where(i >= 0, self.layout.passage_ids[p][np.maximum(i, 0)], -1) for p, (_, i) in
-               zip(self.held, got, strict=True)]
+        ids = [to_global(i, self.layout.passage_ids[p]) for p, (_, i) in zip(self.held, got, strict=True)]
         return merge_top([c for c, _ in got], ids, k, self.device)
 
     def peak_rss(self) -> list[int]:

@@ -153,7 +153,8 @@ class Engine:
             from qasc.engine.store.collection_reader import open_collection
 
             if nprobe is not None or (ivf is not None and ivf != IvfSettings()):
-                raise QascError(f"{root} is a collection, searched exactly: nprobe / ivf settings do not apply")
+                raise QascError(f"{root} is a collection: each partition is searched with its own index's settings; "
+                                f"nprobe / ivf settings do not apply")
             from qasc.engine.partition import local_partitions
 
             # the collection-wide view here, each partition's vectors with its server (docs/collections.md)

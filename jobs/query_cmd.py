@@ -203,9 +203,12 @@ def run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise QascError(f"--device: {exc}") from None
     # every flag checked against the store's settings before the model loads or anything is written
-    manifest = store_manifest(args.store)  # a collection's: its partitions' settings, searched exactly
+    manifest = store_manifest(args.store)  # a collection's: its partitions' settings
     if is_collection(args.store):
         check_collection(args.store)  # a partition that cannot be opened: one line, before any work
+        if args.nprobe is not None or args.max_codes is not None:
+            raise QascError(f"{args.store} is a collection: each partition is searched with its own index's "
+                            f"settings; --nprobe / --max-codes do not apply")
     kind = manifest.get("index", {}).get("kind")
     if args.nprobe is not None and kind != "ivf":
         raise QascError(f"--nprobe applies to ivf stores; {args.store} has a {kind} index")

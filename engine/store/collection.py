@@ -192,7 +192,8 @@ def assemble(root: str | Path, stores: Sequence[str | Path]) -> dict:
 
 def store_manifest(path: str | Path) -> dict:
     """The manifest `Engine.open` and `qasc query` read settings from: a store's own, or for a collection its first
-    non-empty partition's with the collection's view of the index (searched exactly: kind flat)."""
+    non-empty partition's with the collection's view of the index (kind flat: the view itself holds none; each
+    partition searches with its own, engine.partition)."""
     root = Path(path).expanduser().absolute()
     if not is_collection(root):
         return read_manifest(root)

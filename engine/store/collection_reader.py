@@ -121,7 +121,7 @@ def global_passages(parts: list[Store | None], part_rows: list[np.ndarray], dim:
 
 def open_collection(path: str | Path, device="cpu", vectors: bool = True) -> Store:
     """A collection folder -> one Store of all its partitions in global order (module docstring). The FAISS
-    indexes of the partitions are not loaded: the collection is searched exactly. vectors False: the rows' and
+    indexes of the partitions are not loaded: this store is searched exactly. vectors False: the rows' and
     passages' vectors are left with the partitions (zero-stride placeholders; engine.partition serves them) and
     the store's `layout` (CollectionLayout) says where each row, heading path and passage lives."""
     root = Path(path).expanduser().absolute()
